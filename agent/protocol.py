@@ -1,0 +1,126 @@
+"""The wire contract between the manager and its agents.
+
+Imports nothing from Django: both ``agent/`` (the node daemon) and the manager's
+gateway consumer import this module, and nothing else of each other.
+
+Transport: one websocket per agent at ``/ws/agent/``. Every frame is a JSON
+object with a ``type`` key (one of the constants below) and the fields listed
+beside it. Commands are idempotent and keyed by kernel id (or terminal id), so
+a lost or repeated message is harmless: the heartbeat path re-sends whatever
+the fast path missed.
+
+Resource slots travel as ``{"cpu": "2", "mem": "1073741824", "cuda.device": "1"}``:
+slot name to a decimal *string* (exact arithmetic; ``mem`` is in bytes).
+"""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = 1
+
+# Close codes of the agent websocket.
+CLOSE_BAD_TOKEN = 4401  # unknown or revoked token: the agent must not retry with it
+CLOSE_PROTOCOL = 4400  # malformed frame or unsupported protocol version
+CLOSE_REPLACED = 4409  # another connection with the same token took over
+
+# --- agent -> manager -------------------------------------------------------
+# {"type": "register", "protocol": 1, "hostname": str, "backend": "docker"|"process",
+#  "resource_group": str|None, "slots": {slot: str}, "labels": {str: str},
+#  "version": str, "kernels": [KernelReport, ...]}
+REGISTER = "register"
+# {"type": "heartbeat", "kernels": [KernelReport, ...], "slots": {slot: str}|None}
+HEARTBEAT = "heartbeat"
+# {"type": "kernel_status", **KernelReport}: sent the moment a kernel changes.
+KERNEL_STATUS = "kernel_status"
+# {"type": "log_chunk", "kernel_id": str, "stream_id": str, "data": str}
+#   live output of a followed kernel log (stream_id is the one of logs_follow)
+LOG_CHUNK = "log_chunk"
+# {"type": "log_tail", "kernel_id": str, "data": str}
+#   the kept tail (bounded, default 64 KiB) of a kernel that ended; sent once
+#   per end, and again on request (idempotent on the manager).
+LOG_TAIL = "log_tail"
+# {"type": "term_output", "term_id": str, "data": str}  (utf-8 text, lossy decode)
+TERM_OUTPUT = "term_output"
+# {"type": "term_closed", "term_id": str, "reason": str}
+TERM_CLOSED = "term_closed"
+
+# KernelReport: {"kernel_id": str, "session_id": str,
+#   "status": one of KERNEL_REPORT_STATUSES, "exit_code": int|None,
+#   "container_id": str|None, "reason": str|None}
+KR_PREPARING = "preparing"  # creating network / container
+KR_PULLING = "pulling"  # only when the agent option to pull images is on
+KR_RUNNING = "running"
+KR_EXITED = "exited"  # the kernel's process / container ended; exit_code is set
+KR_ERROR = "error"  # could not be created; reason says why (e.g. image missing)
+KR_GONE = "gone"  # destroyed on request; nothing is left on the node
+KERNEL_REPORT_STATUSES = (KR_PREPARING, KR_PULLING, KR_RUNNING, KR_EXITED, KR_ERROR, KR_GONE)
+
+# --- manager -> agent -------------------------------------------------------
+# {"type": "registered", "agent_id": str, "heartbeat_interval": float}
+REGISTERED = "registered"
+# {"type": "create_kernels", "session_id": str, "network": str,
+#  "cluster_mode": "single-node"|"multi-node", "session_type": str,
+#  "ssh": {"private_key": str, "public_key": str}|None,
+#  "kernels": [KernelSpec, ...]}  -- only the kernels placed on this agent.
+# KernelSpec: {"kernel_id": str, "hostname": "main1"|"subN", "role": "main"|"sub",
+#   "image": str, "slots": {slot: str}, "env": {str: str},
+#   "mounts": [{"name": str, "host_path": str}], "startup_command": str|None,
+#   "cluster_hosts": ["main1", "sub1", ...]}
+# The env already holds every BACKENDAI_* variable; the agent adds nothing but
+# may read them. Creating a kernel that already exists is a no-op that re-reports it.
+CREATE_KERNELS = "create_kernels"
+# {"type": "destroy_kernels", "kernel_ids": [str], "reason": str}
+#   destroying an unknown kernel reports it "gone" (idempotent). When the last
+#   kernel of a session on this agent is gone, its network goes too.
+DESTROY_KERNELS = "destroy_kernels"
+# {"type": "logs_follow", "kernel_id": str, "stream_id": str, "tail": int}
+#   send the last `tail` bytes then every new chunk as log_chunk frames.
+LOGS_FOLLOW = "logs_follow"
+# {"type": "logs_stop", "stream_id": str}
+LOGS_STOP = "logs_stop"
+# {"type": "term_open", "term_id": str, "kernel_id": str, "cols": int, "rows": int}
+#   opening an id that is already open re-attaches to the same shell.
+TERM_OPEN = "term_open"
+# {"type": "term_input", "term_id": str, "data": str}
+TERM_INPUT = "term_input"
+# {"type": "term_resize", "term_id": str, "cols": int, "rows": int}
+TERM_RESIZE = "term_resize"
+# {"type": "term_detach", "term_id": str}
+#   the browser went away without closing: keep the shell for a grace period
+#   (default 120 s) so that a term_open with the same id re-attaches to it.
+TERM_DETACH = "term_detach"
+# {"type": "term_close", "term_id": str}  -- end the shell now.
+TERM_CLOSE = "term_close"
+# {"type": "error", "message": str}
+ERROR = "error"
+
+
+def agent_group(agent_id: str) -> str:
+    """Channel-layer group of one agent's gateway connection (manager -> agent)."""
+    return f"agent.{_safe(agent_id)}"
+
+
+def terminal_group(term_id: str) -> str:
+    """Group that receives one terminal's output (agent -> browser)."""
+    return f"term.{_safe(term_id)}"
+
+
+def log_stream_group(stream_id: str) -> str:
+    """Group that receives one followed log stream (agent -> browser)."""
+    return f"logs.{_safe(stream_id)}"
+
+
+def session_group(session_id: str) -> str:
+    """Group of one session's live status pushes (manager -> browser)."""
+    return f"session.{_safe(session_id)}"
+
+
+def user_group(user_id: int | str) -> str:
+    """Group of one user's session-list pushes (manager -> browser)."""
+    return f"user.{_safe(str(user_id))}"
+
+
+def _safe(value: str) -> str:
+    # Channel-layer group names allow only ASCII alphanumerics, hyphens,
+    # underscores and periods, and must be shorter than 100 characters.
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
+    return cleaned[:80]

@@ -1,0 +1,39 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels.
+
+Browser websockets (sessions_app) are checked for origin and login; the agent
+gateway (scheduler_app) authenticates agents by token itself, since agents
+are not browsers and send no Origin.
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import re_path  # noqa: E402
+
+from scheduler_app.routing import websocket_urlpatterns as agent_patterns  # noqa: E402
+from sessions_app.auth import TokenAuthMiddleware  # noqa: E402
+from sessions_app.routing import websocket_urlpatterns as browser_patterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": URLRouter(
+            [
+                *agent_patterns,
+                re_path(
+                    r"^ws/",
+                    AllowedHostsOriginValidator(
+                        AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(browser_patterns)))
+                    ),
+                ),
+            ]
+        ),
+    }
+)

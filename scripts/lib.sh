@@ -1,0 +1,108 @@
+# Shared set-up steps for scripts/run and scripts/test (sourced, not run).
+# Each step is idempotent: it checks first and only installs/starts what is missing.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+VAR="$ROOT/var"
+mkdir -p "$VAR"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+APT_UPDATED=""
+apt_install() {
+  # apt_install <command-or-path-to-test> <package>...
+  local probe="$1"; shift
+  if command -v "$probe" >/dev/null 2>&1 || [ -e "$probe" ]; then return 0; fi
+  [ "$(id -u)" = 0 ] || die "$* is not installed and this is not root: install it ($*) or set the matching URL"
+  say "installing $* (Debian packages)"
+  if [ -z "$APT_UPDATED" ]; then apt-get update -qq >/dev/null; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_venv() {
+  local py="${PYTHON:-python3}"
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating the virtualenv in .venv"
+    "$py" -m venv "$VENV"
+  fi
+  local stamp="$VENV/.requirements.sha"
+  local want
+  want="$(cat "$ROOT/requirements.txt" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing Python packages (requirements.txt, pinned by constraints.txt)"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
+    echo "$want" > "$stamp"
+  fi
+  # shellcheck disable=SC1091
+  . "$VENV/bin/activate"
+}
+
+ensure_node_modules() {
+  # xterm.js comes from npm at install time and is never committed.
+  if [ -f "$ROOT/package.json" ]; then
+    local stamp="$ROOT/node_modules/.package-lock.sha"
+    local want
+    want="$(cat "$ROOT/package.json" "$ROOT/package-lock.json" 2>/dev/null | sha256sum | cut -c1-16)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+      command -v npm >/dev/null || apt_install npm npm
+      say "installing front-end packages (npm ci)"
+      (cd "$ROOT" && npm ci --silent --no-audit --no-fund >/dev/null)
+      echo "$want" > "$stamp"
+    fi
+  fi
+}
+
+pg_ready() { pg_isready -q -h 127.0.0.1 -p "${1:-5432}" 2>/dev/null; }
+
+ensure_postgres() {
+  # Uses $DATABASE_URL when set; else a local PostgreSQL (installed and started if needed).
+  if [ -n "${DATABASE_URL:-}" ]; then return 0; fi
+  apt_install pg_ctlcluster postgresql postgresql-client
+  if ! pg_ready; then
+    say "starting PostgreSQL"
+    local version
+    version="$(ls /usr/lib/postgresql | sort -V | tail -1)"
+    if ! pg_lsclusters -h 2>/dev/null | grep -q .; then
+      pg_createcluster "$version" main >/dev/null
+    fi
+    pg_ctlcluster "$version" main start 2>/dev/null || service postgresql start >/dev/null
+    for _ in $(seq 1 50); do pg_ready && break; sleep 0.2; done
+    pg_ready || die "PostgreSQL did not start"
+  fi
+  if ! su postgres -c "psql -tAc \"select 1 from pg_roles where rolname='bai'\"" | grep -q 1; then
+    su postgres -c "psql -q -c \"create role bai login superuser password 'bai'\"" >/dev/null
+  fi
+  if ! su postgres -c "psql -tAc \"select 1 from pg_database where datname='bai'\"" | grep -q 1; then
+    su postgres -c "createdb -O bai bai" >/dev/null
+  fi
+  export DATABASE_URL="postgres://bai:bai@127.0.0.1:5432/bai"
+}
+
+ensure_redis() {
+  # Uses $REDIS_URL when set; else a local redis-server (installed and started if needed).
+  if [ -n "${REDIS_URL:-}" ]; then return 0; fi
+  apt_install redis-server redis-server
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    say "starting Redis"
+    redis-server --port 6379 --bind 127.0.0.1 --daemonize yes --save "" --appendonly no \
+      --logfile "$VAR/redis.log" >/dev/null
+    for _ in $(seq 1 50); do redis-cli -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
+  fi
+  export REDIS_URL="redis://127.0.0.1:6379/0"
+}
+
+docker_ready() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+ensure_docker() {
+  if docker_ready; then return 0; fi
+  apt_install dockerd docker.io
+  [ "$(id -u)" = 0 ] || die "no Docker engine answers and this is not root to start one"
+  say "starting the Docker engine (dockerd)"
+  (nohup dockerd >"$VAR/dockerd.log" 2>&1 &)
+  for _ in $(seq 1 100); do docker_ready && return 0; sleep 0.2; done
+  die "dockerd did not start (see var/dockerd.log)"
+}
+
+ensure_chromium() { apt_install /usr/bin/chromium chromium; }
+ensure_image_tools() { apt_install debootstrap debootstrap; apt_install /bin/busybox busybox-static; }

@@ -1,0 +1,302 @@
+"""Django admin for every model. Statuses are never edited here: ending a
+session is an action that goes through the same service as the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from . import services
+from .errors import ApplicationError, InvalidInput
+from .models import (
+    Agent,
+    DataFolder,
+    Image,
+    Kernel,
+    ResourceGroup,
+    ResourcePolicy,
+    Session,
+    SessionEvent,
+    SessionTemplate,
+    UserResourcePolicy,
+)
+from .templates import validate_template_spec
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ResourceGroup)
+class ResourceGroupAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "is_active",
+        "session_selection",
+        "num_retries_to_skip",
+        "agent_selection",
+        "pending_timeout",
+    ]
+    list_editable = ["session_selection", "agent_selection"]
+    search_fields = ["name"]
+    fieldsets = [
+        (None, {"fields": ["name", "description", "is_active"]}),
+        (
+            "Scheduling (takes effect at the next pass)",
+            {"fields": ["session_selection", "num_retries_to_skip", "agent_selection"]},
+        ),
+        ("Limits", {"fields": ["allowed_session_types", "pending_timeout"]}),
+    ]
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "resource_group",
+        "status",
+        "schedulable",
+        "backend",
+        "hostname",
+        "capacity_slots",
+        "occupied_slots",
+        "last_heartbeat_at",
+    ]
+    list_filter = ["status", "resource_group", "backend"]
+    search_fields = ["id", "hostname"]
+    readonly_fields = [
+        "status",
+        "status_reason",
+        "backend",
+        "hostname",
+        "version",
+        "capacity_slots",
+        "occupied_slots",
+        "token_prefix",
+        "first_contact_at",
+        "last_heartbeat_at",
+        "lost_at",
+        "created_at",
+    ]
+    actions = ["regenerate_token"]
+
+    def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
+        token = None if change else obj.set_new_token()
+        super().save_model(request, obj, form, change)
+        if token:
+            self._show_token(request, obj, token)
+
+    def _show_token(self, request: HttpRequest, agent: Agent, token: str) -> None:
+        messages.warning(
+            request,
+            format_html(
+                "Token for agent <b>{}</b> (shown only now, stored hashed): <code>{}</code><br>"
+                "Start it with: <code>python -m agent --manager ws://HOST:PORT --token {}</code>",
+                agent.id,
+                token,
+                token,
+            ),
+        )
+
+    @admin.action(description="Regenerate the token of the selected agents")
+    def regenerate_token(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        for agent in queryset:
+            token = agent.set_new_token()
+            agent.save(update_fields=["token_hash", "token_prefix"])
+            self._show_token(request, agent, token)
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ["reference", "display_name", "is_active", "supports_ssh", "min_slots"]
+    list_filter = ["is_active", "supports_ssh"]
+    search_fields = ["reference", "display_name"]
+    filter_horizontal = ["allowed_groups"]
+
+
+class UserResourcePolicyInline(admin.TabularInline):
+    model = UserResourcePolicy
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(ResourcePolicy)
+class ResourcePolicyAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "is_default",
+        "total_resource_slots",
+        "max_concurrent_sessions",
+        "max_pending_sessions",
+        "max_containers_per_session",
+        "idle_timeout",
+        "max_session_lifetime",
+    ]
+    filter_horizontal = ["allowed_resource_groups"]
+    inlines = [UserResourcePolicyInline]
+
+
+@admin.register(UserResourcePolicy)
+class UserResourcePolicyAdmin(admin.ModelAdmin):
+    list_display = ["user", "policy"]
+    autocomplete_fields = ["user"]
+
+
+class KernelInline(ReadOnlyInline):
+    model = Kernel
+    fields = [
+        "cluster_hostname",
+        "cluster_role",
+        "agent",
+        "status",
+        "status_reason",
+        "exit_code",
+        "container_id",
+    ]
+    readonly_fields = fields
+
+
+class EventInline(ReadOnlyInline):
+    model = SessionEvent
+    fields = ["created_at", "kernel", "from_status", "to_status", "reason"]
+    readonly_fields = fields
+    show_change_link = False
+
+
+@admin.register(Session)
+class SessionAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "short_id",
+        "owner",
+        "session_type",
+        "status",
+        "status_reason",
+        "cluster_mode",
+        "cluster_size",
+        "resource_group",
+        "scheduling_attempts",
+        "created_at",
+    ]
+    list_filter = ["status", "session_type", "cluster_mode", "resource_group"]
+    search_fields = ["name", "id", "owner__username"]
+    list_select_related = ["owner", "resource_group"]
+    inlines = [KernelInline, EventInline]
+    actions = ["terminate_sessions"]
+    readonly_fields = [
+        "id",
+        "owner",
+        "name",
+        "session_type",
+        "status",
+        "status_reason",
+        "status_changed_at",
+        "cluster_mode",
+        "cluster_size",
+        "requested_slots",
+        "image",
+        "resource_group",
+        "template",
+        "environ",
+        "startup_command",
+        "starts_at",
+        "batch_timeout",
+        "result",
+        "exit_code",
+        "scheduling_attempts",
+        "created_at",
+        "scheduled_at",
+        "started_at",
+        "terminated_at",
+        "last_activity_at",
+    ]
+    exclude = ["mounts", "depends_on"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sessions are launched through the API or the launch dialog
+
+    @admin.action(description="Terminate the selected sessions")
+    def terminate_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        done = 0
+        for session in queryset:
+            try:
+                services.session_terminate(
+                    session=session, reason=f"terminated by admin {request.user}"
+                )
+                done += 1
+            except ApplicationError as exc:
+                self.message_user(request, f"{session}: {exc.message}", messages.WARNING)
+        if done:
+            self.message_user(request, f"Terminating {done} session(s).", messages.SUCCESS)
+
+
+@admin.register(Kernel)
+class KernelAdmin(admin.ModelAdmin):
+    list_display = ["cluster_hostname", "session", "agent", "status", "status_reason", "exit_code"]
+    list_filter = ["status", "cluster_role"]
+    search_fields = ["id", "session__name", "container_id"]
+    list_select_related = ["session", "agent"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Kernel._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(SessionEvent)
+class SessionEventAdmin(admin.ModelAdmin):
+    """Append-only: viewable, never edited."""
+
+    list_display = ["created_at", "session", "kernel", "from_status", "to_status", "reason"]
+    list_filter = ["to_status"]
+    search_fields = ["session__name", "reason"]
+    list_select_related = ["session", "kernel"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class SessionTemplateForm(forms.ModelForm):
+    class Meta:
+        model = SessionTemplate
+        fields = ["owner", "name", "description", "is_shared", "spec"]
+
+    def clean_spec(self) -> Any:
+        try:
+            return validate_template_spec(self.cleaned_data["spec"])
+        except InvalidInput as exc:
+            raise forms.ValidationError(exc.message) from None
+
+
+@admin.register(SessionTemplate)
+class SessionTemplateAdmin(admin.ModelAdmin):
+    form = SessionTemplateForm
+    list_display = ["name", "owner", "is_shared", "updated_at"]
+    list_filter = ["is_shared"]
+    search_fields = ["name"]
+
+
+@admin.register(DataFolder)
+class DataFolderAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "created_at"]
+    search_fields = ["name", "owner__username"]

@@ -1,0 +1,493 @@
+"""The REST API: one view per operation, thin: validate, authorise through
+the selectors, call one service, serialise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import authenticate
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.authtoken.models import Token
+from rest_framework.permissions import AllowAny, IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from . import selectors, services
+from .errors import ApplicationError, InvalidInput, NotFound
+from .models import Kernel, Session, SessionTemplate
+from .templates import export_template_document, parse_template_document
+
+MAX_LIST = 500
+
+
+def _touch(session: Session, request: Request) -> None:
+    # API calls about a session count as activity (idle timeout) when made by its owner.
+    if session.owner_id == request.user.pk:
+        services.session_touch(session_id=session.pk)
+
+
+# --- auth -------------------------------------------------------------------
+
+
+class TokenCreateApi(APIView):
+    """Exchange a username and password for an API token."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+
+    class InputSerializer(serializers.Serializer):
+        username = serializers.CharField()
+        password = serializers.CharField(style={"input_type": "password"})
+
+    @extend_schema(
+        request=InputSerializer,
+        responses=inline_serializer("Token", {"token": serializers.CharField()}),
+    )
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(
+            request,
+            username=data.validated_data["username"],
+            password=data.validated_data["password"],
+        )
+        if user is None or not user.is_active:
+            raise ApplicationError("Wrong username or password.")
+        token, _ = Token.objects.get_or_create(user=user)
+        return Response({"token": token.key})
+
+
+# --- sessions ---------------------------------------------------------------
+
+
+class KernelOutputSerializer(serializers.ModelSerializer):
+    agent = serializers.CharField(source="agent_id", allow_null=True)
+
+    class Meta:
+        model = Kernel
+        fields = [
+            "id",
+            "cluster_role",
+            "cluster_idx",
+            "local_rank",
+            "cluster_hostname",
+            "image",
+            "requested_slots",
+            "agent",
+            "container_id",
+            "status",
+            "status_reason",
+            "exit_code",
+            "created_at",
+            "started_at",
+            "terminated_at",
+        ]
+
+
+class SessionOutputSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username")
+    image = serializers.CharField(source="image.reference")
+    resource_group = serializers.CharField(source="resource_group.name")
+    type = serializers.CharField(source="session_type")
+    resources = serializers.JSONField(source="requested_slots")
+    env = serializers.JSONField(source="environ")
+    mounts = serializers.SerializerMethodField()
+    depends_on = serializers.SerializerMethodField()
+    kernels = KernelOutputSerializer(many=True)
+
+    class Meta:
+        model = Session
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "type",
+            "status",
+            "status_reason",
+            "status_changed_at",
+            "cluster_mode",
+            "cluster_size",
+            "resources",
+            "image",
+            "resource_group",
+            "template",
+            "env",
+            "mounts",
+            "startup_command",
+            "depends_on",
+            "starts_at",
+            "result",
+            "exit_code",
+            "scheduling_attempts",
+            "created_at",
+            "scheduled_at",
+            "started_at",
+            "terminated_at",
+            "last_activity_at",
+            "kernels",
+        ]
+
+    def get_mounts(self, obj: Session) -> list[str]:
+        return [f.name for f in obj.mounts.all()]
+
+    def get_depends_on(self, obj: Session) -> list[str]:
+        return [str(pk) for pk in obj.depends_on.values_list("pk", flat=True)]
+
+
+class EventOutputSerializer(serializers.Serializer):
+    time = serializers.DateTimeField(source="created_at")
+    kernel = serializers.SerializerMethodField()
+    from_status = serializers.CharField()
+    to_status = serializers.CharField()
+    reason = serializers.CharField()
+
+    def get_kernel(self, obj: Any) -> str | None:
+        return obj.kernel.cluster_hostname if obj.kernel_id else None
+
+
+class SessionDetailSerializer(SessionOutputSerializer):
+    events = serializers.SerializerMethodField()
+
+    class Meta(SessionOutputSerializer.Meta):
+        fields = SessionOutputSerializer.Meta.fields + ["events"]
+
+    def get_events(self, obj: Session) -> list[dict[str, Any]]:
+        return EventOutputSerializer(selectors.session_events(session=obj), many=True).data
+
+
+class SessionListCreateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        """Shape only; the service checks meaning (and names the field)."""
+
+        name = serializers.CharField(required=False)
+        image = serializers.CharField(required=False)
+        type = serializers.CharField(required=False)
+        cluster_mode = serializers.CharField(required=False)
+        cluster_size = serializers.JSONField(required=False)
+        resources = serializers.JSONField(required=False)
+        resource_group = serializers.CharField(required=False)
+        mounts = serializers.JSONField(required=False)
+        env = serializers.JSONField(required=False)
+        startup_command = serializers.CharField(required=False, allow_blank=True)
+        depends_on = serializers.JSONField(required=False)
+        template = serializers.JSONField(required=False)
+        starts_at = serializers.CharField(required=False, allow_null=True)
+        batch_timeout = serializers.JSONField(required=False)
+        roles = serializers.JSONField(required=False)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("all", bool, description="Admins: every user's sessions."),
+            OpenApiParameter("status", str, description="Filter by status, e.g. RUNNING."),
+        ],
+        responses=SessionOutputSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        include_all = request.query_params.get("all") in ("1", "true")
+        qs = selectors.sessions_for_user(user=request.user, include_all=include_all)
+        if wanted := request.query_params.get("status"):
+            qs = qs.filter(status=wanted.upper())
+        qs = qs.prefetch_related("mounts", "depends_on")
+        return Response(SessionOutputSerializer(qs[:MAX_LIST], many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: SessionDetailSerializer})
+    def post(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise InvalidInput("The body must be a JSON object.")
+        unknown = sorted(set(request.data) - set(self.InputSerializer().fields))
+        if unknown:
+            raise InvalidInput(
+                f"unknown field: {', '.join(unknown)}",
+                {name: ["unknown field"] for name in unknown},
+            )
+        session = services.session_create(owner=request.user, spec=dict(request.data))
+        session = selectors.get_session_for_user(user=request.user, session_id=session.pk)
+        return Response(SessionDetailSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+class SessionDetailApi(APIView):
+    @extend_schema(responses=SessionDetailSerializer)
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        _touch(session, request)
+        return Response(SessionDetailSerializer(session).data)
+
+
+class SessionTerminateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(required=False, max_length=200)
+
+    @extend_schema(request=InputSerializer, responses=SessionDetailSerializer)
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        who = (
+            "its owner" if session.owner_id == request.user.pk else f"admin {request.user.username}"
+        )
+        reason = data.validated_data.get("reason") or f"terminated by {who}"
+        services.session_terminate(session=session, reason=reason)
+        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        return Response(SessionDetailSerializer(session).data)
+
+
+class KernelLogsApi(APIView):
+    @extend_schema(
+        responses=inline_serializer(
+            "KernelLogs",
+            {
+                "kernel": serializers.CharField(),
+                "status": serializers.CharField(),
+                "live": serializers.BooleanField(),
+                "log": serializers.CharField(),
+            },
+        )
+    )
+    def get(self, request: Request, session_id: str, kernel_id: str) -> Response:
+        kernel = selectors.get_kernel_for_user(
+            user=request.user, session_id=session_id, kernel_ref=kernel_id
+        )
+        _touch(kernel.session, request)
+        return Response(
+            {
+                "kernel": kernel.cluster_hostname,
+                "status": kernel.status,
+                "live": not kernel.is_terminal,
+                "log": kernel.log_tail,
+            }
+        )
+
+
+# --- templates --------------------------------------------------------------
+
+
+class TemplateSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", allow_null=True, default=None)
+
+    class Meta:
+        model = SessionTemplate
+        fields = [
+            "id",
+            "name",
+            "description",
+            "owner",
+            "is_shared",
+            "spec",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class TemplateInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    description = serializers.CharField(
+        max_length=255, required=False, allow_blank=True, default=""
+    )
+    spec = serializers.JSONField()
+    is_shared = serializers.BooleanField(required=False, default=False)
+
+
+def _owned_template(request: Request, template_id: int) -> SessionTemplate:
+    """Templates one may change: own ones; admins also shared ones."""
+    template = SessionTemplate.objects.filter(pk=template_id).first()
+    if template is None:
+        raise NotFound("No such template.")
+    if template.owner_id == request.user.pk or request.user.is_staff:
+        return template
+    if template.is_shared or template.owner_id is None:
+        raise ApplicationError("This shared template belongs to the admins; you may only use it.")
+    raise NotFound("No such template.")
+
+
+class TemplateListCreateApi(APIView):
+    @extend_schema(responses=TemplateSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        qs = selectors.templates_for_user(user=request.user).select_related("owner")
+        return Response(TemplateSerializer(qs, many=True).data)
+
+    @extend_schema(request=TemplateInputSerializer, responses={201: TemplateSerializer})
+    def post(self, request: Request) -> Response:
+        data = TemplateInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        shared = data.validated_data["is_shared"] and request.user.is_staff
+        template = services.template_save(
+            owner=request.user,
+            name=data.validated_data["name"],
+            description=data.validated_data["description"],
+            spec=data.validated_data["spec"],
+            is_shared=shared,
+        )
+        return Response(TemplateSerializer(template).data, status=status.HTTP_201_CREATED)
+
+
+class TemplateDetailApi(APIView):
+    @extend_schema(responses=TemplateSerializer)
+    def get(self, request: Request, template_id: int) -> Response:
+        template = selectors.templates_for_user(user=request.user).filter(pk=template_id).first()
+        if template is None:
+            raise NotFound("No such template.")
+        return Response(TemplateSerializer(template).data)
+
+    @extend_schema(request=TemplateInputSerializer, responses=TemplateSerializer)
+    def put(self, request: Request, template_id: int) -> Response:
+        template = _owned_template(request, template_id)
+        data = TemplateInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        template = services.template_save(
+            owner=template.owner,
+            name=data.validated_data["name"],
+            description=data.validated_data["description"],
+            spec=data.validated_data["spec"],
+            is_shared=data.validated_data["is_shared"] and request.user.is_staff,
+            template=template,
+        )
+        return Response(TemplateSerializer(template).data)
+
+    def delete(self, request: Request, template_id: int) -> Response:
+        _owned_template(request, template_id).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TemplateExportApi(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("format", str, enum=["yaml", "json"])], responses=str
+    )
+    def get(self, request: Request, template_id: int) -> Response:
+        template = selectors.templates_for_user(user=request.user).filter(pk=template_id).first()
+        if template is None:
+            raise NotFound("No such template.")
+        fmt = request.query_params.get("format", "yaml")
+        if fmt not in ("yaml", "json"):
+            raise InvalidInput("format: use yaml or json", {"format": ["use yaml or json"]})
+        text = export_template_document(
+            name=template.name, description=template.description, spec=template.spec, fmt=fmt
+        )
+        response = Response(
+            text, content_type="application/json" if fmt == "json" else "application/yaml"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{template.name}.{fmt}"'
+        return response
+
+
+class TemplateImportApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        format = serializers.ChoiceField(choices=["yaml", "json"], default="yaml")
+        document = serializers.CharField(max_length=64 * 1024, trim_whitespace=False)
+
+    @extend_schema(request=InputSerializer, responses={201: TemplateSerializer})
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        document = parse_template_document(
+            data.validated_data["document"], data.validated_data["format"]
+        )
+        template = services.template_save(
+            owner=request.user,
+            name=document["name"],
+            description=document.get("description", ""),
+            spec=document["spec"],
+        )
+        return Response(TemplateSerializer(template).data, status=status.HTTP_201_CREATED)
+
+
+# --- folders ----------------------------------------------------------------
+
+
+class FolderSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class FolderListCreateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=64)
+
+    @extend_schema(responses=FolderSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(
+            FolderSerializer(selectors.folders_for_user(user=request.user), many=True).data
+        )
+
+    @extend_schema(request=InputSerializer, responses={201: FolderSerializer})
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        folder = services.folder_create(owner=request.user, name=data.validated_data["name"])
+        return Response(FolderSerializer(folder).data, status=status.HTTP_201_CREATED)
+
+
+class FolderDeleteApi(APIView):
+    def delete(self, request: Request, folder_id: int) -> Response:
+        folder = selectors.folders_for_user(user=request.user).filter(pk=folder_id).first()
+        if folder is None:
+            raise NotFound("No such folder.")
+        services.folder_delete(folder=folder)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- catalogue ----------------------------------------------------------------
+
+
+class ImageSerializer(serializers.Serializer):
+    reference = serializers.CharField()
+    display_name = serializers.CharField()
+    description = serializers.CharField()
+    min_slots = serializers.JSONField()
+    supports_ssh = serializers.BooleanField()
+    allowed_groups = serializers.SerializerMethodField()
+
+    def get_allowed_groups(self, obj: Any) -> list[str]:
+        return [g.name for g in obj.allowed_groups.all()]
+
+
+class ImageListApi(APIView):
+    @extend_schema(responses=ImageSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(
+            ImageSerializer(selectors.images_for_user(user=request.user), many=True).data
+        )
+
+
+class ResourceGroupSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    session_selection = serializers.CharField()
+    agent_selection = serializers.CharField()
+    allowed_session_types = serializers.JSONField()
+    pending_timeout = serializers.DurationField(allow_null=True)
+
+
+class ResourceGroupListApi(APIView):
+    @extend_schema(responses=ResourceGroupSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        groups = selectors.resource_groups_for_user(user=request.user)
+        return Response(ResourceGroupSerializer(groups, many=True).data)
+
+
+class AgentSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    resource_group = serializers.CharField(source="resource_group.name")
+    status = serializers.CharField()
+    status_reason = serializers.CharField()
+    schedulable = serializers.BooleanField()
+    backend = serializers.CharField()
+    hostname = serializers.CharField()
+    capacity_slots = serializers.JSONField()
+    occupied_slots = serializers.JSONField()
+    labels = serializers.JSONField()
+    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+
+
+class AgentListApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses=AgentSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        from .models import Agent
+
+        return Response(
+            AgentSerializer(Agent.objects.select_related("resource_group"), many=True).data
+        )

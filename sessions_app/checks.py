@@ -1,0 +1,32 @@
+"""System checks: configuration mistakes show up in `manage.py check`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+
+@register()
+def storage_root_check(app_configs: Any, **kwargs: Any) -> list[Any]:
+    root = settings.BAI_STORAGE_ROOT
+    if not root.is_absolute():
+        return [Error("BAI_STORAGE_ROOT must be an absolute path", id="bai.E001")]
+    return []
+
+
+@register(deploy=True)
+def production_check(app_configs: Any, **kwargs: Any) -> list[Any]:
+    problems: list[Any] = []
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        problems.append(
+            Warning(
+                "SQLite is the embedded default; use PostgreSQL (DATABASE_URL) in production.",
+                id="bai.W001",
+            )
+        )
+    if "127.0.0.1" in settings.REDIS_URL or "localhost" in settings.REDIS_URL:
+        if not getattr(settings, "PRODUCTION", False):
+            problems.append(Warning("REDIS_URL points at a local embedded Redis.", id="bai.W002"))
+    return problems

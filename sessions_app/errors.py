@@ -1,0 +1,85 @@
+"""One error family for the whole app, rendered by one DRF exception handler
+as ``{"message": str, "extra": {...}}`` (``extra.fields`` holds per-field
+messages for validation errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from rest_framework import exceptions as drf_exceptions
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class ApplicationError(Exception):
+    status_code = status.HTTP_400_BAD_REQUEST
+
+    def __init__(self, message: str, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.extra = extra or {}
+
+
+class InvalidInput(ApplicationError):
+    """Bad input: ``fields`` maps a field name to its messages."""
+
+    def __init__(self, message: str, fields: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message, {"fields": fields or {}})
+        self.fields = fields or {}
+
+
+class QuotaExceeded(ApplicationError):
+    status_code = status.HTTP_403_FORBIDDEN
+
+
+class Conflict(ApplicationError):
+    status_code = status.HTTP_409_CONFLICT
+
+
+class NotFound(ApplicationError):
+    status_code = status.HTTP_404_NOT_FOUND
+
+
+def field_error(field: str, message: str) -> InvalidInput:
+    return InvalidInput(f"{field}: {message}", {field: [message]})
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(_flatten(value, name))
+    elif isinstance(detail, list):
+        if all(not isinstance(v, (dict, list)) for v in detail):
+            out[prefix or "non_field_errors"] = [str(v) for v in detail]
+        else:
+            for i, value in enumerate(detail):
+                out.update(_flatten(value, f"{prefix}[{i}]"))
+    else:
+        out[prefix or "non_field_errors"] = [str(detail)]
+    return out
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ApplicationError):
+        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+    if isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = drf_exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, drf_exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        first = next(iter(fields.items()), ("input", ["invalid"]))
+        message = f"{first[0]}: {first[1][0]}" if first[0] != "non_field_errors" else first[1][0]
+        response.data = {"message": message, "extra": {"fields": fields}}
+    else:
+        detail = getattr(exc, "detail", str(exc))
+        response.data = {"message": str(detail), "extra": {}}
+    return response

@@ -1,0 +1,78 @@
+"""Live pushes to browsers and agents over the channel layer.
+
+Pushes happen after commit only (never for a rolled-back change) and are
+batched per transaction: every status change of a transaction becomes one
+message per owner, so a scheduling pass that places thousands of sessions
+sends one message per user, not one per session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from agent import protocol
+
+logger = logging.getLogger(__name__)
+
+
+class _Batch:
+    """Status changes of one transaction, pushed together after its commit."""
+
+    def __init__(self, hooks: list[Any]) -> None:
+        # Django replaces connection.run_on_commit with a new list on commit and
+        # on rollback: while it is still the same list, this batch is pending.
+        self.hooks = hooks
+        self.by_owner: dict[int, dict[tuple[str, str], dict[str, str]]] = defaultdict(dict)
+
+    def __call__(self) -> None:
+        for owner_id, sessions in self.by_owner.items():
+            group_send(
+                protocol.user_group(owner_id),
+                {"type": "sessions.changed", "sessions": list(sessions.values())},
+            )
+
+
+def session_changed(
+    *, owner_id: int, session_id: str, status: str, reason: str, kernel: str = ""
+) -> None:
+    """Queue a push of a session's (or one of its kernels') new status to the
+    owner's browsers. ``kernel`` is the kernel's hostname for kernel changes."""
+    item = {"id": session_id, "kernel": kernel, "status": status, "reason": reason}
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
+        group_send(protocol.user_group(owner_id), {"type": "sessions.changed", "sessions": [item]})
+        return
+    batch = getattr(connection, "_bai_live_batch", None)
+    if batch is None or batch.hooks is not connection.run_on_commit:
+        batch = _Batch(connection.run_on_commit)
+        connection._bai_live_batch = batch
+        transaction.on_commit(batch, robust=True)
+    batch.by_owner[owner_id][(session_id, kernel)] = item
+
+
+def group_send(group: str, message: dict[str, Any]) -> None:
+    """Send now, from sync code. A dead channel layer is logged, not raised:
+    the database already holds the truth, and heartbeats and page loads catch up."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # noqa: BLE001 - best effort, see docstring
+        logger.warning("push to %s failed", group, exc_info=True)
+
+
+def send_to_agent_after_commit(agent_id: str, message: dict[str, Any]) -> None:
+    """Fast path of a command to an agent; the heartbeat path re-sends it if lost."""
+    transaction.on_commit(
+        lambda: group_send(
+            protocol.agent_group(agent_id), {"type": "agent.command", "command": message}
+        ),
+        robust=True,
+    )

@@ -1,0 +1,600 @@
+"""Every model of the platform.
+
+Status fields are changed only by the ``mark_*`` transition methods, which
+check the transition table, set every dependent field together, persist with a
+compare-and-swap (exactly one row updated) and append a SessionEvent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import uuid
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import live
+
+logger = logging.getLogger(__name__)
+
+
+# --- statuses ----------------------------------------------------------------
+
+
+class Status(models.TextChoices):
+    """Shared by sessions and kernels."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    PREPARING = "PREPARING"
+    PULLING = "PULLING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    ERROR = "ERROR"
+    CANCELLED = "CANCELLED"
+
+
+S = Status
+TERMINAL = frozenset({S.TERMINATED, S.ERROR, S.CANCELLED})
+ACTIVE = frozenset(set(S) - TERMINAL)
+# Statuses in which a kernel holds resources on its agent.
+OCCUPYING = frozenset({S.SCHEDULED, S.PREPARING, S.PULLING, S.RUNNING, S.TERMINATING})
+
+# One table for both: a session's status is derived from its kernels' and so
+# must be able to follow any move a kernel makes.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED, S.ERROR}),
+    S.SCHEDULED: frozenset({S.PREPARING, S.PULLING, S.RUNNING, S.TERMINATING, S.ERROR}),
+    S.PREPARING: frozenset({S.PULLING, S.RUNNING, S.TERMINATING, S.ERROR}),
+    S.PULLING: frozenset({S.PREPARING, S.RUNNING, S.TERMINATING, S.ERROR}),
+    S.RUNNING: frozenset({S.TERMINATING, S.TERMINATED, S.ERROR}),
+    S.TERMINATING: frozenset({S.TERMINATED, S.ERROR}),
+    S.TERMINATED: frozenset(),
+    S.ERROR: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+# Order of progress while starting; used to derive a session's status.
+_START_ORDER = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.RUNNING]
+
+
+def can_transition(src: str, dst: str) -> bool:
+    return dst in TRANSITIONS.get(src, frozenset())
+
+
+def derive_session_status(main: str, kernels: list[str]) -> str:
+    """A session's status from its kernels' (CONCEPTS.md, Lifecycle).
+
+    It follows ``main1``; it is RUNNING only when every kernel runs; when any
+    kernel ended or is ending while others live, the session is TERMINATING.
+    """
+    if all(k in TERMINAL for k in kernels):
+        if all(k == S.CANCELLED for k in kernels):
+            return S.CANCELLED
+        return S.ERROR if main == S.ERROR else S.TERMINATED
+    if any(k in TERMINAL or k == S.TERMINATING for k in kernels):
+        return S.TERMINATING
+    return min(kernels, key=_START_ORDER.index)
+
+
+class SessionType(models.TextChoices):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+    INFERENCE = "inference"
+    SYSTEM = "system"
+
+
+class ClusterMode(models.TextChoices):
+    SINGLE_NODE = "single-node", "Single Node"
+    MULTI_NODE = "multi-node", "Multi Node"
+
+
+class Result(models.TextChoices):
+    UNDEFINED = "UNDEFINED"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+
+
+# --- resource groups, agents, images ----------------------------------------
+
+
+class SessionSelection(models.TextChoices):
+    FIFO = "fifo", "FIFO (oldest first)"
+    LIFO = "lifo", "LIFO (newest first)"
+    DRF = "drf", "DRF (dominant resource fairness)"
+
+
+class AgentSelection(models.TextChoices):
+    CONCENTRATED = "concentrated", "Concentrated (pack)"
+    DISPERSED = "dispersed", "Dispersed (spread)"
+    ROUNDROBIN = "roundrobin", "Round-robin"
+
+
+def _all_session_types() -> list[str]:
+    return [t.value for t in SessionType]
+
+
+class ResourceGroup(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=255, blank=True)
+    is_active = models.BooleanField(default=True)
+    session_selection = models.CharField(
+        max_length=16, choices=SessionSelection.choices, default=SessionSelection.FIFO
+    )
+    num_retries_to_skip = models.PositiveIntegerField(
+        default=0,
+        help_text="FIFO head-of-line blocking avoidance: a session that failed to fit more "
+        "than this many times is pushed behind the others. 0 turns it off.",
+    )
+    agent_selection = models.CharField(
+        max_length=16, choices=AgentSelection.choices, default=AgentSelection.CONCENTRATED
+    )
+    allowed_session_types = models.JSONField(default=_all_session_types)
+    pending_timeout = models.DurationField(
+        null=True, blank=True, help_text="Cancel sessions pending longer than this. Empty: never."
+    )
+    roundrobin_cursor = models.PositiveIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AgentStatus(models.TextChoices):
+    ALIVE = "ALIVE"
+    LOST = "LOST"
+    TERMINATED = "TERMINATED"
+
+
+class Backend(models.TextChoices):
+    DOCKER = "docker"
+    PROCESS = "process"
+
+
+def hash_token(token: str) -> str:
+    # Tokens are 32 random bytes, so a plain SHA-256 is enough: no dictionary
+    # to attack, and the lookup stays an indexed equality.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Agent(models.Model):
+    """A node that runs kernels. Created by an admin with a token; the agent
+    process dials in with that token and reports its capacity."""
+
+    id = models.SlugField(max_length=64, primary_key=True)
+    resource_group = models.ForeignKey(
+        ResourceGroup, on_delete=models.PROTECT, related_name="agents"
+    )
+    status = models.CharField(max_length=16, choices=AgentStatus.choices, default=AgentStatus.LOST)
+    status_reason = models.CharField(max_length=255, blank=True)
+    schedulable = models.BooleanField(default=True, help_text="Untick to drain the agent.")
+    backend = models.CharField(max_length=16, choices=Backend.choices, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    version = models.CharField(max_length=64, blank=True)
+    capacity_slots = models.JSONField(default=dict, blank=True)
+    occupied_slots = models.JSONField(default=dict, blank=True, editable=False)
+    labels = models.JSONField(default=dict, blank=True)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_prefix = models.CharField(max_length=8, editable=False)
+    first_contact_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    lost_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def set_new_token(self) -> str:
+        """Give the agent a fresh token; returns it (shown once, stored hashed)."""
+        token = secrets.token_urlsafe(32)
+        self.token_hash = hash_token(token)
+        self.token_prefix = token[:8]
+        return token
+
+
+class Image(models.Model):
+    reference = models.CharField(max_length=255, unique=True)
+    display_name = models.CharField(max_length=128, blank=True)
+    description = models.CharField(max_length=255, blank=True)
+    is_active = models.BooleanField(default=True)
+    allowed_groups = models.ManyToManyField(
+        ResourceGroup, blank=True, help_text="Empty: allowed in every resource group."
+    )
+    min_slots = models.JSONField(
+        default=dict, blank=True, help_text='e.g. {"cpu": "1", "mem": "268435456"}'
+    )
+    supports_ssh = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["reference"]
+
+    def __str__(self) -> str:
+        return self.reference
+
+
+# --- quotas -----------------------------------------------------------------
+
+
+class ResourcePolicy(models.Model):
+    """A user's quota. One policy is the default; users may be given another."""
+
+    name = models.CharField(max_length=64, unique=True)
+    is_default = models.BooleanField(default=False)
+    total_resource_slots = models.JSONField(
+        default=dict, blank=True, help_text="Per slot; a slot not listed is unlimited."
+    )
+    max_concurrent_sessions = models.PositiveIntegerField(null=True, blank=True)
+    max_pending_sessions = models.PositiveIntegerField(null=True, blank=True)
+    max_containers_per_session = models.PositiveIntegerField(default=8)
+    idle_timeout = models.DurationField(null=True, blank=True, help_text="Empty: never.")
+    max_session_lifetime = models.DurationField(
+        null=True, blank=True, help_text="Empty: unlimited."
+    )
+    allowed_resource_groups = models.ManyToManyField(
+        ResourceGroup, blank=True, help_text="Empty: every resource group."
+    )
+    max_concurrent_sftp_sessions = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "resource policies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=Q(is_default=True), name="one_default_policy"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_containers_per_session__gte=1),
+                name="policy_containers_at_least_one",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class UserResourcePolicy(models.Model):
+    """A per-user override of the default resource policy."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="resource_policy",
+    )
+    policy = models.ForeignKey(ResourcePolicy, on_delete=models.PROTECT, related_name="assignments")
+
+    class Meta:
+        verbose_name = "user resource policy"
+
+    def __str__(self) -> str:
+        return f"{self.user} → {self.policy}"
+
+
+# --- data folders and templates --------------------------------------------
+
+
+class DataFolder(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="folders"
+    )
+    name = models.SlugField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="unique_folder_per_owner")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner}/{self.name}"
+
+    @property
+    def host_path(self) -> Path:
+        return Path(settings.BAI_STORAGE_ROOT) / f"u{self.owner_id}" / self.name
+
+
+class SessionTemplate(models.Model):
+    """A named, stored set of launch parameters. ``spec`` is validated by
+    sessions_app.templates before it is saved."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="templates",
+        null=True,
+        blank=True,
+        help_text="Empty: a shared template owned by the admins.",
+    )
+    name = models.CharField(max_length=64)
+    description = models.CharField(max_length=255, blank=True)
+    is_shared = models.BooleanField(default=False, help_text="Visible to every user.")
+    spec = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="unique_template_per_owner")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# --- sessions, kernels, events ----------------------------------------------
+
+
+class _Transitions(models.Model):
+    """Compare-and-swap status transitions shared by sessions and kernels."""
+
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True
+    )
+    status_reason = models.CharField(max_length=500, blank=True)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def transition(self, dst: str, reason: str, *, now: Any = None, **fields: Any) -> bool:
+        """Move to ``dst`` if the table allows it and nobody moved first.
+
+        Returns whether this call won. Refuses (ValueError) a move the table
+        does not allow from the status this object was loaded with.
+        """
+        src = self.status
+        if not can_transition(src, dst):
+            raise ValueError(
+                f"illegal transition {src} → {dst} for {self._meta.model_name} {self.pk}"
+            )
+        now = now or timezone.now()
+        values: dict[str, Any] = {
+            "status": dst,
+            "status_reason": reason[:500],
+            "status_changed_at": now,
+        }
+        if dst == S.SCHEDULED:
+            values["scheduled_at"] = now
+        elif dst == S.RUNNING:
+            values["started_at"] = now
+        elif dst in TERMINAL:
+            values["terminated_at"] = now
+        values.update(fields)
+        # The status and its event row are written together or not at all.
+        with transaction.atomic():
+            won = type(self).objects.filter(pk=self.pk, status=src).update(**values) == 1
+            if won:
+                self._record_event(src, dst, reason, now)
+        if won:
+            for key, value in values.items():
+                setattr(self, key, value)
+            logger.info("%s %s: %s → %s (%s)", self._meta.model_name, self.pk, src, dst, reason)
+        return won
+
+    def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
+        raise NotImplementedError
+
+    # One method per target status, so call sites read as what they do.
+    def mark_scheduled(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.SCHEDULED, reason, **fields)
+
+    def mark_preparing(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.PREPARING, reason, **fields)
+
+    def mark_pulling(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.PULLING, reason, **fields)
+
+    def mark_running(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.RUNNING, reason, **fields)
+
+    def mark_terminating(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.TERMINATING, reason, **fields)
+
+    def mark_terminated(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.TERMINATED, reason, **fields)
+
+    def mark_error(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.ERROR, reason, **fields)
+
+    def mark_cancelled(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.CANCELLED, reason, **fields)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class Session(_Transitions):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="compute_sessions"
+    )
+    name = models.CharField(max_length=64)
+    session_type = models.CharField(
+        max_length=16, choices=SessionType.choices, default=SessionType.INTERACTIVE
+    )
+    cluster_mode = models.CharField(
+        max_length=16, choices=ClusterMode.choices, default=ClusterMode.SINGLE_NODE
+    )
+    cluster_size = models.PositiveIntegerField(default=1)
+    # Per container, as requested for main1; sub kernels may differ (templates).
+    requested_slots = models.JSONField(default=dict)
+    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="sessions")
+    resource_group = models.ForeignKey(
+        ResourceGroup, on_delete=models.PROTECT, related_name="sessions"
+    )
+    template = models.ForeignKey(SessionTemplate, on_delete=models.SET_NULL, null=True, blank=True)
+    environ = models.JSONField(default=dict, blank=True)
+    mounts = models.ManyToManyField(DataFolder, blank=True, related_name="sessions")
+    startup_command = models.TextField(blank=True)
+    depends_on = models.ManyToManyField(
+        "self", symmetrical=False, blank=True, related_name="dependents"
+    )
+    starts_at = models.DateTimeField(null=True, blank=True, help_text="Batch: do not start before.")
+    batch_timeout = models.DurationField(null=True, blank=True)
+    result = models.CharField(max_length=16, choices=Result.choices, default=Result.UNDEFINED)
+    exit_code = models.IntegerField(null=True, blank=True)
+    scheduling_attempts = models.PositiveIntegerField(default=0)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    ssh_private_key = models.TextField(blank=True, editable=False)
+    ssh_public_key = models.TextField(blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["resource_group", "status", "created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(cluster_size__gte=1), name="session_cluster_size_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(cluster_mode__in=[m.value for m in ClusterMode]),
+                name="session_cluster_mode_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in Status]), name="session_status_valid"
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "name"],
+                condition=~Q(status__in=[s.value for s in TERMINAL]),
+                name="unique_active_session_name_per_owner",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({str(self.id)[:8]})"
+
+    def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
+        SessionEvent.objects.create(
+            session=self, from_status=src, to_status=dst, reason=reason, created_at=now
+        )
+        live.session_changed(
+            owner_id=self.owner_id, session_id=str(self.pk), status=dst, reason=reason
+        )
+
+    def main_kernel(self) -> Kernel:
+        return self.kernels.get(cluster_role="main")
+
+    @property
+    def short_id(self) -> str:
+        return str(self.id)[:8]
+
+    def total_slots(self) -> dict[str, str]:
+        """All kernels' requested slots together (exact decimal strings)."""
+        from decimal import Decimal
+
+        total: dict[str, Decimal] = {}
+        for kernel in self.kernels.all():
+            for slot, value in kernel.requested_slots.items():
+                total[slot] = total.get(slot, Decimal(0)) + Decimal(value)
+        return {k: str(v) for k, v in total.items()}
+
+
+class KernelRole(models.TextChoices):
+    MAIN = "main"
+    SUB = "sub"
+
+
+class Kernel(_Transitions):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="kernels")
+    cluster_role = models.CharField(max_length=8, choices=KernelRole.choices)
+    cluster_idx = models.PositiveIntegerField()
+    local_rank = models.PositiveIntegerField()
+    cluster_hostname = models.CharField(max_length=16)
+    image = models.CharField(max_length=255)
+    requested_slots = models.JSONField(default=dict)
+    agent = models.ForeignKey(
+        Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="kernels"
+    )
+    container_id = models.CharField(max_length=128, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    log_tail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["session", "local_rank"]
+        indexes = [models.Index(fields=["agent", "status"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "cluster_hostname"], name="unique_kernel_hostname"
+            ),
+            models.UniqueConstraint(fields=["session", "local_rank"], name="unique_kernel_rank"),
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=Q(cluster_role="main"),
+                name="one_main_kernel_per_session",
+            ),
+            models.CheckConstraint(
+                condition=Q(cluster_idx__gte=1), name="kernel_cluster_idx_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in Status]), name="kernel_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(agent__isnull=False)
+                | Q(status__in=[S.PENDING, S.CANCELLED, S.ERROR, S.TERMINATED]),
+                name="placed_kernel_has_agent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_hostname} of {self.session_id}"
+
+    def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
+        SessionEvent.objects.create(
+            session_id=self.session_id,
+            kernel=self,
+            from_status=src,
+            to_status=dst,
+            reason=reason,
+            created_at=now,
+        )
+        owner_id = (
+            Session.objects.filter(pk=self.session_id).values_list("owner_id", flat=True).first()
+        )
+        if owner_id is not None:
+            live.session_changed(
+                owner_id=owner_id,
+                session_id=str(self.session_id),
+                status=dst,
+                reason=reason,
+                kernel=self.cluster_hostname,
+            )
+
+
+class SessionEvent(models.Model):
+    """Append-only audit log of every transition (and a few notable facts)."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    kernel = models.ForeignKey(
+        Kernel, on_delete=models.CASCADE, null=True, blank=True, related_name="events"
+    )
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16, blank=True)
+    reason = models.CharField(max_length=500)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_status}→{self.to_status}: {self.reason}"

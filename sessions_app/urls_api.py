@@ -1,0 +1,32 @@
+from django.urls import path
+
+from . import api
+
+urlpatterns = [
+    path("auth/token/", api.TokenCreateApi.as_view(), name="api-token"),
+    path("sessions/", api.SessionListCreateApi.as_view(), name="api-sessions"),
+    path("sessions/<str:session_id>/", api.SessionDetailApi.as_view(), name="api-session"),
+    path(
+        "sessions/<str:session_id>/terminate/",
+        api.SessionTerminateApi.as_view(),
+        name="api-session-terminate",
+    ),
+    path(
+        "sessions/<str:session_id>/kernels/<str:kernel_id>/logs/",
+        api.KernelLogsApi.as_view(),
+        name="api-kernel-logs",
+    ),
+    path("templates/", api.TemplateListCreateApi.as_view(), name="api-templates"),
+    path("templates/import/", api.TemplateImportApi.as_view(), name="api-template-import"),
+    path("templates/<int:template_id>/", api.TemplateDetailApi.as_view(), name="api-template"),
+    path(
+        "templates/<int:template_id>/export/",
+        api.TemplateExportApi.as_view(),
+        name="api-template-export",
+    ),
+    path("folders/", api.FolderListCreateApi.as_view(), name="api-folders"),
+    path("folders/<int:folder_id>/", api.FolderDeleteApi.as_view(), name="api-folder"),
+    path("images/", api.ImageListApi.as_view(), name="api-images"),
+    path("resource-groups/", api.ResourceGroupListApi.as_view(), name="api-resource-groups"),
+    path("agents/", api.AgentListApi.as_view(), name="api-agents"),
+]

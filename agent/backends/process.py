@@ -1,0 +1,473 @@
+"""Kernels as native process groups: the fallback when no Docker engine answers.
+
+Each kernel is a process group (``start_new_session``) running in
+``<work-dir>/<session_id>/<hostname>/`` with the session's environment and ``HOME``
+pointing at that directory; data folders are symlinked into it by name. Output goes
+to a log file beside it. There is no isolation and no resource limit: this backend is
+for nodes (and tests) without Docker.
+
+A state file in the work dir lists the kernels (pid, process start time, paths), so a
+restarted agent adopts the processes that still live and reports the others as ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import pty
+import shutil
+import signal
+import struct
+import subprocess
+import termios
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from agent import protocol
+from agent.backends.base import (
+    LOG_CHUNK_MAX,
+    Backend,
+    KernelError,
+    KernelState,
+    TermChannel,
+    prepare_host_folder,
+    render_env_file,
+    trim_tail,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "process-kernels.json"
+KILL_GRACE = 2.0
+
+# $1: the exit-code file, $2 (optional): the startup command. The exit code goes to a
+# file so that an agent that restarted (and is no longer the parent) still learns it.
+_RUNNER = """\
+f="$1"; shift
+if [ $# -gt 0 ]; then
+  /bin/sh -c "$1"; rc=$?
+  echo "$rc" > "$f"
+  exit "$rc"
+fi
+exec sleep 2147483647
+"""
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """The kernel's start time of a pid (field 22 of /proc/pid/stat): guards against reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _exit_code_from_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ProcessBackend(Backend):
+    name = "process"
+
+    def __init__(self, config, emit=None) -> None:
+        super().__init__(config, emit)
+        self.work_dir = Path(config.work_dir)
+        self.state_path = self.work_dir / STATE_FILE
+
+    # --- persistence ---------------------------------------------------------------
+
+    def _save(self) -> None:
+        entries = []
+        for state in self.kernels.values():
+            info = state.extra.get("info")
+            if info is None or state.status in (protocol.KR_GONE, protocol.KR_ERROR):
+                continue
+            entries.append(
+                {
+                    **info,
+                    "kernel_id": state.kernel_id,
+                    "session_id": state.session_id,
+                    "hostname": state.hostname,
+                }
+            )
+        tmp = self.state_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"kernels": entries}, f)
+        os.replace(tmp, self.state_path)
+
+    async def start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            saved = json.loads(self.state_path.read_text())["kernels"]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("ignoring unreadable state file %s: %s", self.state_path, exc)
+            return
+        for entry in saved:
+            state = KernelState(entry["kernel_id"], entry["session_id"], entry["hostname"])
+            state.extra["info"] = {k: entry[k] for k in ("pid", "start_time", "dir", "log", "env")}
+            state.extra["exited"] = asyncio.Event()
+            self.kernels[state.kernel_id] = state
+            pid = entry["pid"]
+            if _proc_start_time(pid) == entry["start_time"]:
+                state.status = protocol.KR_RUNNING
+                state.container_id = str(pid)
+                log.info("adopted kernel %s (pid %s)", state.kernel_id, pid)
+                self._watch(state, pid, None)
+            else:
+                self._exited(state, self._read_exit_file(state))
+        self._save()
+
+    # --- kernels ---------------------------------------------------------------------
+
+    async def create_kernels(self, spec: dict[str, Any]) -> None:
+        await asyncio.gather(*(self._create_one(spec, k) for k in spec.get("kernels", [])))
+
+    async def _create_one(self, spec: dict[str, Any], kspec: dict[str, Any]) -> None:
+        kernel_id = kspec["kernel_id"]
+        session_id = spec["session_id"]
+        if kernel_id in self.tombstones:
+            self.report_gone(kernel_id, session_id, "already destroyed")
+            return
+        existing = self.kernels.get(kernel_id)
+        if existing is not None:
+            self.report(existing.report())
+            return
+        state = KernelState(kernel_id, session_id, kspec["hostname"])
+        state.extra["exited"] = asyncio.Event()
+        self.kernels[kernel_id] = state
+        async with state.lock:
+            self.report(state.report())
+            try:
+                proc, info = await asyncio.to_thread(self._spawn, session_id, kspec)
+            except (KernelError, OSError) as exc:
+                self.set_status(state, protocol.KR_ERROR, reason=str(exc))
+                return
+            state.extra["info"] = info
+            self._save()
+            self.set_status(state, protocol.KR_RUNNING, container_id=str(proc.pid))
+            self._watch(state, proc.pid, proc)
+
+    def _kernel_env(self, kdir: Path, env: dict[str, str]) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+        base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        base.update({str(k): str(v) for k, v in env.items()})
+        base.update({"HOME": str(kdir), "PWD": str(kdir)})
+        return base
+
+    def _spawn(self, session_id: str, kspec: dict[str, Any]) -> tuple[subprocess.Popen, dict]:
+        hostname = kspec["hostname"]
+        if "/" in session_id or "/" in hostname or hostname in ("", ".", ".."):
+            raise KernelError(f"bad session id or hostname: {session_id!r} {hostname!r}")
+        sdir = self.work_dir / session_id
+        kdir = sdir / hostname
+        kdir.mkdir(parents=True, exist_ok=True)
+        for mount in kspec.get("mounts") or []:
+            name = mount["name"]
+            if "/" in name or name in ("", ".", ".."):
+                raise KernelError(f"bad data folder name {name!r}")
+            target = self.check_mount(mount["host_path"])
+            prepare_host_folder(target, os.geteuid(), os.getegid())
+            link = kdir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
+        env = self._kernel_env(kdir, kspec.get("env") or {})
+        (kdir / ".backendai_env").write_text(render_env_file(kspec.get("env") or {}))
+        log_path = sdir / f".{hostname}.log"
+        exit_path = sdir / f".{hostname}.exit"
+        with contextlib.suppress(FileNotFoundError):
+            exit_path.unlink()
+        argv = ["/bin/sh", "-c", _RUNNER, "backendai-kernel", str(exit_path)]
+        if kspec.get("startup_command"):
+            argv.append(kspec["startup_command"])
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                argv,
+                cwd=kdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        info = {
+            "pid": proc.pid,
+            "start_time": _proc_start_time(proc.pid),
+            "dir": str(kdir),
+            "log": str(log_path),
+            "env": env,
+        }
+        return proc, info
+
+    def _watch(self, state: KernelState, pid: int, proc: subprocess.Popen | None) -> None:
+        """Learn about the exit through a pidfd on the loop: no thread, no polling."""
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._exited(state, self._collect(state, proc))
+            return
+        state.extra["pidfd"] = fd
+
+        def on_ready() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            state.extra.pop("pidfd", None)
+            self._exited(state, self._collect(state, proc))
+
+        loop.add_reader(fd, on_ready)
+
+    def _collect(self, state: KernelState, proc: subprocess.Popen | None) -> int | None:
+        if proc is not None:
+            try:
+                returncode = proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                return None
+            return _exit_code_from_status(returncode)
+        return self._read_exit_file(state)
+
+    def _read_exit_file(self, state: KernelState) -> int | None:
+        path = Path(state.extra["info"]["log"]).with_suffix(".exit")
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _exited(self, state: KernelState, exit_code: int | None) -> None:
+        state.extra["exited"].set()
+        if state.destroying:
+            return
+        reason = None if exit_code is not None else "exit status unknown (ended while agent away)"
+        self.set_status(state, protocol.KR_EXITED, exit_code=exit_code, reason=reason)
+        self.keep_tail(state, self._read_tail(state))
+        self._save()
+
+    def _read_tail(self, state: KernelState) -> str:
+        info = state.extra.get("info")
+        if info is None:
+            return ""
+        limit = self.config.log_tail_bytes
+        try:
+            with open(info["log"], "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - limit))
+                return trim_tail(f.read(), limit)
+        except OSError:
+            return ""
+
+    async def destroy_kernels(self, kernel_ids: list[str], reason: str) -> None:
+        await asyncio.gather(*(self._destroy_one(k, reason) for k in kernel_ids))
+
+    async def _destroy_one(self, kernel_id: str, reason: str) -> None:
+        state = self.kernels.get(kernel_id)
+        if state is None:
+            self.report_gone(kernel_id, "", reason)
+            return
+        async with state.lock:
+            if state.status == protocol.KR_GONE:
+                self.report(state.report())
+                return
+            state.destroying = True
+            await self.terminals.close_kernel(kernel_id, "kernel destroyed")
+            info = state.extra.get("info")
+            if info is not None:
+                await self._kill_group(state, info["pid"])
+                if not state.tail_sent:
+                    self.keep_tail(state, self._read_tail(state))
+                await asyncio.to_thread(self._remove_files, info)
+            self.set_status(state, protocol.KR_GONE, reason=reason)
+            self.bury(kernel_id)
+            self._save()
+
+    async def _kill_group(self, state: KernelState, pgid: int) -> None:
+        exited: asyncio.Event = state.extra["exited"]
+        if not exited.is_set():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(exited.wait(), KILL_GRACE)
+        # Children of the kernel may outlive the leader; the group id stays valid while any do.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+    def _remove_files(self, info: dict[str, Any]) -> None:
+        kdir = Path(info["dir"])
+        shutil.rmtree(kdir, ignore_errors=True)  # symlinked data folders are unlinked, not followed
+        log_path = Path(info["log"])
+        for path in (log_path, log_path.with_suffix(".exit")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        with contextlib.suppress(OSError):
+            kdir.parent.rmdir()  # the session dir, once its last kernel is gone
+
+    # --- logs ------------------------------------------------------------------------
+
+    async def log_tail(self, kernel_id: str) -> str | None:
+        state = self.kernels.get(kernel_id)
+        if state is not None and state.extra.get("info") is not None:
+            return self._read_tail(state)
+        return self.tails.get(kernel_id)
+
+    async def follow_logs(self, kernel_id: str, tail_bytes: int) -> AsyncIterator[str]:
+        state = self.kernels.get(kernel_id)
+        info = state.extra.get("info") if state else None
+        if state is None or info is None:
+            kept = self.tails.get(kernel_id)
+            if kept is None:
+                raise KernelError(f"no kernel {kernel_id} on this agent")
+            if tail_bytes > 0 and kept:
+                yield kept[-tail_bytes:]
+            return
+        exited: asyncio.Event = state.extra["exited"]
+        with open(info["log"], "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max(0, tail_bytes)))
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            while True:
+                ended = exited.is_set()  # checked before reading, so nothing written is lost
+                data = f.read(LOG_CHUNK_MAX)
+                if data:
+                    text = decoder.decode(data)
+                    if text:
+                        yield text
+                    continue
+                if ended:
+                    return
+                # A plain file has no readiness to wait on; a short sleep keeps this cheap.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(exited.wait(), 0.05)
+
+    # --- terminals --------------------------------------------------------------------
+
+    async def spawn_terminal(
+        self,
+        kernel_id: str,
+        cols: int,
+        rows: int,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> TermChannel:
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        info = state.extra["info"]
+        env = dict(info["env"])
+        env["TERM"] = "xterm-256color"
+        shell = ["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]
+        master, slave = pty.openpty()
+        _set_winsize(master, cols, rows)
+        try:
+            proc = subprocess.Popen(
+                shell,
+                cwd=info["dir"],
+                env=env,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                start_new_session=True,
+                preexec_fn=_take_controlling_tty,  # noqa: PLW1509 - setsid ran just before
+                close_fds=True,
+            )
+        except OSError as exc:
+            os.close(master)
+            raise KernelError(f"cannot start a shell: {exc}") from exc
+        finally:
+            os.close(slave)
+        return PtyChannel(asyncio.get_running_loop(), master, proc, on_data, on_eof)
+
+
+def _take_controlling_tty() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _set_winsize(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", max(rows, 1), max(cols, 1), 0, 0))
+
+
+class PtyChannel(TermChannel):
+    """A shell on a pseudo-terminal, read with the loop's add_reader (no threads, no polling)."""
+
+    def __init__(self, loop, master: int, proc: subprocess.Popen, on_data, on_eof) -> None:
+        self.loop = loop
+        self.master = master
+        self.proc = proc
+        self.on_data = on_data
+        self.on_eof = on_eof
+        self.out = bytearray()
+        self.reading = True
+        self.closed = False
+        os.set_blocking(master, False)
+        loop.add_reader(master, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.master, 65536)
+        except BlockingIOError:
+            return
+        except OSError:  # EIO: the last holder of the slave side went away
+            data = b""
+        if not data:
+            self._stop_reading()
+            self.on_eof()
+            return
+        self.on_data(data)
+
+    def _stop_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.loop.remove_reader(self.master)
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.out += data
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            written = os.write(self.master, self.out)
+        except BlockingIOError:
+            written = 0
+        except OSError:
+            self.out.clear()
+            return
+        del self.out[:written]
+        if self.out:
+            self.loop.add_writer(self.master, self._writable)
+
+    def _writable(self) -> None:
+        self.loop.remove_writer(self.master)
+        self._flush()
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if not self.closed:
+            _set_winsize(self.master, cols, rows)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_reading()
+        self.loop.remove_writer(self.master)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGHUP)
+        os.close(self.master)
+        await asyncio.to_thread(self._reap)
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

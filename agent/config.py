@@ -1,0 +1,198 @@
+"""Command-line options of the agent and detection of the node's capacity.
+
+Pure functions over the host's files (``/proc``, cgroups) and ``nvidia-smi``; no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import math
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG_TAIL_BYTES = 64 * 1024
+DEFAULT_TERM_GRACE = 120.0
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+
+
+def parse_size(text: str) -> int:
+    """``"4g"`` → 4294967296; plain digits are bytes; units are binary (k, m, g, t, p)."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use bytes or a number with k/m/g/t)")
+    number, unit = match.groups()
+    return int(Decimal(number) * _SIZE_UNITS[unit.lower()])
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"not a label: {text!r} (use key=value)")
+    return key, value
+
+
+@dataclass
+class AgentConfig:
+    manager: str = "ws://127.0.0.1:8000"
+    token: str = field(default="", repr=False)
+    backend: str = "auto"
+    resource_group: str | None = None
+    cpu: Decimal | None = None
+    mem: int | None = None
+    gpus: int | None = None
+    work_dir: Path = field(default_factory=lambda: Path("var/agent").absolute())
+    data_root: Path | None = None
+    log_tail_bytes: int = DEFAULT_LOG_TAIL_BYTES
+    pull: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    term_grace: float = DEFAULT_TERM_GRACE
+    hostname: str = field(default_factory=socket.gethostname)
+    stop_timeout: int = 2
+
+    @property
+    def agent_key(self) -> str:
+        """A stable, non-secret fingerprint of the token.
+
+        Containers carry it as a label so that a restarted agent finds its own
+        kernels before the manager has told it its id again.
+        """
+        return hashlib.sha256(self.token.encode()).hexdigest()[:16]
+
+    @property
+    def ws_url(self) -> str:
+        return self.manager.rstrip("/") + "/ws/agent/"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agent", description="Backend.AI-style node agent")
+    p.add_argument("--manager", required=True, help="manager base URL, e.g. ws://127.0.0.1:8000")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("BACKENDAI_AGENT_TOKEN"),
+        help="agent token (or env BACKENDAI_AGENT_TOKEN)",
+    )
+    p.add_argument("--backend", choices=("docker", "process", "auto"), default="auto")
+    p.add_argument("--resource-group", default=None)
+    p.add_argument("--cpu", type=Decimal, default=None, help="override the CPU core count")
+    p.add_argument("--mem", type=parse_size, default=None, help="override memory: bytes or 4g")
+    p.add_argument("--gpus", type=int, default=None, help="override the cuda.device count")
+    p.add_argument("--work-dir", type=Path, default=Path("var/agent"))
+    p.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="refuse data-folder mounts outside this directory",
+    )
+    p.add_argument("--log-tail-bytes", type=int, default=DEFAULT_LOG_TAIL_BYTES)
+    p.add_argument("--pull", action="store_true", help="pull images that are missing")
+    p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
+    p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argparse.Namespace]:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if not ns.token:
+        parser.error("--token (or BACKENDAI_AGENT_TOKEN) is required")
+    cfg = AgentConfig(
+        manager=ns.manager,
+        token=ns.token,
+        backend=ns.backend,
+        resource_group=ns.resource_group,
+        cpu=ns.cpu,
+        mem=ns.mem,
+        gpus=ns.gpus,
+        work_dir=ns.work_dir.absolute(),
+        data_root=ns.data_root.absolute() if ns.data_root else None,
+        log_tail_bytes=ns.log_tail_bytes,
+        pull=ns.pull,
+        labels=dict(ns.label),
+        term_grace=ns.term_grace,
+    )
+    return cfg, ns
+
+
+# --- capacity ---------------------------------------------------------------
+
+
+def detect_cpu(cgroup_root: Path = Path("/sys/fs/cgroup")) -> Decimal:
+    """Usable cores: the CPU affinity set, narrowed by a cgroup CPU quota if any."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota)))
+    return Decimal(cores)
+
+
+def _cgroup_cpu_quota(root: Path) -> float | None:
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # cgroup v2
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # cgroup v1
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def detect_mem(
+    meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = Path("/sys/fs/cgroup")
+) -> int:
+    """Total memory in bytes, narrowed by a cgroup memory limit if any."""
+    total = 0
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        total = 0
+    for candidate in (cgroup_root / "memory.max", cgroup_root / "memory" / "memory.limit_in_bytes"):
+        try:
+            limit = int(candidate.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < total or not total:
+            total = limit
+    return total
+
+
+def detect_gpus() -> int:
+    """Count NVIDIA GPUs from ``nvidia-smi -L``; 0 when it is absent or fails."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def capacity(cfg: AgentConfig) -> dict[str, str]:
+    """The resource slots this agent offers, as protocol decimal strings."""
+    cpu = cfg.cpu if cfg.cpu is not None else detect_cpu()
+    mem = cfg.mem if cfg.mem is not None else detect_mem()
+    gpus = cfg.gpus if cfg.gpus is not None else detect_gpus()
+    slots = {"cpu": str(cpu), "mem": str(mem)}
+    if gpus:
+        slots["cuda.device"] = str(gpus)
+    return slots

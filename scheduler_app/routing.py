@@ -1,4 +1,7 @@
+from django.urls import path
 
-websocket_urlpatterns: list = [
-    # path("ws/agent/", AgentGatewayConsumer.as_asgi()) -- added with the gateway
+from .consumers import AgentGatewayConsumer
+
+websocket_urlpatterns = [
+    path("ws/agent/", AgentGatewayConsumer.as_asgi()),
 ]

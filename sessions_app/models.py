@@ -394,6 +394,41 @@ class _Transitions(models.Model):
     def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
         raise NotImplementedError
 
+    @classmethod
+    def bulk_transition(
+        cls, ids: list[Any], src: str, dst: str, reason: str, *, now: Any = None, **fields: Any
+    ) -> int:
+        """The same move for many rows in one statement (the scheduler's hot path).
+
+        Only rows still in ``src`` move. The caller must hold row locks on ``ids``
+        (select_for_update) so that every row moves, since the events are
+        written for all of them; returns the number of rows moved.
+        """
+        if not can_transition(src, dst):
+            raise ValueError(f"illegal transition {src} → {dst} for {cls._meta.model_name}")
+        now = now or timezone.now()
+        values: dict[str, Any] = {
+            "status": dst,
+            "status_reason": reason[:500],
+            "status_changed_at": now,
+        }
+        if dst == S.SCHEDULED:
+            values["scheduled_at"] = now
+        values.update(fields)
+        with transaction.atomic():
+            moved = cls.objects.filter(pk__in=ids, status=src).update(**values)
+            if moved != len(ids):
+                raise RuntimeError(
+                    f"bulk {src} → {dst}: {moved} of {len(ids)} rows moved; rows were not locked"
+                )
+            cls._bulk_record_events(ids, src, dst, reason, now)
+        logger.info("%d %s(s): %s → %s (%s)", moved, cls._meta.model_name, src, dst, reason)
+        return moved
+
+    @classmethod
+    def _bulk_record_events(cls, ids: list[Any], src: str, dst: str, reason: str, now: Any) -> None:
+        raise NotImplementedError
+
     # One method per target status, so call sites read as what they do.
     def mark_scheduled(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.SCHEDULED, reason, **fields)
@@ -491,6 +526,18 @@ class Session(_Transitions):
             owner_id=self.owner_id, session_id=str(self.pk), status=dst, reason=reason
         )
 
+    @classmethod
+    def _bulk_record_events(cls, ids: list[Any], src: str, dst: str, reason: str, now: Any) -> None:
+        rows = list(cls.objects.filter(pk__in=ids).values_list("pk", "owner_id"))
+        SessionEvent.objects.bulk_create(
+            SessionEvent(
+                session_id=pk, from_status=src, to_status=dst, reason=reason, created_at=now
+            )
+            for pk, _ in rows
+        )
+        for pk, owner_id in rows:
+            live.session_changed(owner_id=owner_id, session_id=str(pk), status=dst, reason=reason)
+
     def main_kernel(self) -> Kernel:
         return self.kernels.get(cluster_role="main")
 
@@ -558,6 +605,33 @@ class Kernel(_Transitions):
 
     def __str__(self) -> str:
         return f"{self.cluster_hostname} of {self.session_id}"
+
+    @classmethod
+    def _bulk_record_events(cls, ids: list[Any], src: str, dst: str, reason: str, now: Any) -> None:
+        rows = list(
+            cls.objects.filter(pk__in=ids).values_list(
+                "pk", "session_id", "session__owner_id", "cluster_hostname"
+            )
+        )
+        SessionEvent.objects.bulk_create(
+            SessionEvent(
+                session_id=session_id,
+                kernel_id=pk,
+                from_status=src,
+                to_status=dst,
+                reason=reason,
+                created_at=now,
+            )
+            for pk, session_id, _, _ in rows
+        )
+        for _, session_id, owner_id, hostname in rows:
+            live.session_changed(
+                owner_id=owner_id,
+                session_id=str(session_id),
+                status=dst,
+                reason=reason,
+                kernel=hostname,
+            )
 
     def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
         SessionEvent.objects.create(

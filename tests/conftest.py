@@ -31,6 +31,16 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _celery_eager():
+    """Tasks run inline in tests (after commit), unless a test starts a real worker."""
+    from backendai_web.celery import app
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    app.conf.task_always_eager = True
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _storage_root(tmp_path, settings):
     settings.BAI_STORAGE_ROOT = (tmp_path / "storage").resolve()
@@ -54,13 +64,19 @@ def admin(django_user_model):
 
 @pytest.fixture
 def group(db):
-    from sessions_app.models import ResourceGroup
+    """The ``default`` group and policy (a data migration makes them; tests
+    with transaction=True flush tables, so they are re-made when missing)."""
+    from sessions_app.models import ResourceGroup, ResourcePolicy
 
-    return ResourceGroup.objects.get(name="default")
+    ResourcePolicy.objects.get_or_create(
+        is_default=True,
+        defaults={"name": "default", "max_concurrent_sessions": 10, "max_pending_sessions": 20},
+    )
+    return ResourceGroup.objects.get_or_create(name="default")[0]
 
 
 @pytest.fixture
-def image(db):
+def image(group):
     from sessions_app.models import Image
 
     return Image.objects.create(reference="bai-kernel/minimal:1", display_name="Minimal")

@@ -1,0 +1,195 @@
+"""Reads that build the scheduler's plain snapshots from the database."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Q
+
+from sessions_app.models import (
+    ACTIVE,
+    OCCUPYING,
+    Agent,
+    AgentStatus,
+    Kernel,
+    ResourceGroup,
+    ResourcePolicy,
+    Session,
+    SessionType,
+    Status,
+    UserResourcePolicy,
+)
+
+from . import policy
+
+# A slot a policy does not list is unlimited; the policy type reads a missing
+# slot as 0, so unlisted known slots get an amount no request reaches.
+_UNLIMITED = Decimal(10) ** 30
+
+
+def _slots(raw: dict[str, Any] | None) -> policy.ResourceSlots:
+    return policy.ResourceSlots.from_mapping(raw or {})
+
+
+def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
+    if p is None:
+        return policy.Quota(None, None, None, None, None)
+    total = None
+    if p.total_resource_slots:
+        listed = {k: Decimal(str(v)) for k, v in p.total_resource_slots.items()}
+        total = policy.ResourceSlots.from_mapping(
+            {slot: listed.get(slot, _UNLIMITED) for slot in {*settings.BAI_SLOT_TYPES, *listed}}
+        )
+    allowed_ids = [g.pk for g in p.allowed_resource_groups.all()]
+    return policy.Quota(
+        total_slots=total,
+        max_concurrent_sessions=p.max_concurrent_sessions,
+        max_pending_sessions=p.max_pending_sessions,
+        max_containers_per_session=p.max_containers_per_session,
+        allowed_resource_groups=frozenset(groups[i] for i in allowed_ids if i in groups) or None,
+        max_concurrent_system_sessions=p.max_concurrent_sftp_sessions,
+    )
+
+
+def agent_occupancy(*, agent_ids: list[str]) -> dict[str, dict[str, Decimal]]:
+    """Slots held on each agent by kernels that occupy resources (derived, never stored first)."""
+    occupied: dict[str, dict[str, Decimal]] = defaultdict(dict)
+    rows = Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
+        "agent_id", "requested_slots"
+    )
+    for agent_id, requested in rows:
+        held = occupied[agent_id]
+        for slot, value in requested.items():
+            held[slot] = held.get(slot, Decimal(0)) + Decimal(value)
+    return occupied
+
+
+def build_snapshot(
+    *, group: ResourceGroup, now: datetime, pending: list[Session]
+) -> policy.Snapshot:
+    """Everything the policy needs for one pass over ``group``'s pending sessions."""
+    group_names = dict(ResourceGroup.objects.values_list("pk", "name"))
+    kernels_by_session: dict[Any, list[policy.KernelRequest]] = defaultdict(list)
+    for kernel_id, session_id, requested in (
+        Kernel.objects.filter(session__in=[s.pk for s in pending])
+        .order_by("local_rank")
+        .values_list("pk", "session_id", "requested_slots")
+    ):
+        kernels_by_session[session_id].append(
+            policy.KernelRequest(str(kernel_id), _slots(requested))
+        )
+
+    depends: dict[Any, list[str]] = defaultdict(list)
+    through = Session.depends_on.through
+    for from_id, to_id in through.objects.filter(
+        from_session_id__in=[s.pk for s in pending]
+    ).values_list("from_session_id", "to_session_id"):
+        depends[from_id].append(str(to_id))
+    dependency_ids = {d for ds in depends.values() for d in ds}
+    dependencies = {
+        str(pk): policy.DependencyState(status=st, result=result)
+        for pk, st, result in Session.objects.filter(pk__in=dependency_ids).values_list(
+            "pk", "status", "result"
+        )
+    }
+
+    pending_states = tuple(
+        policy.PendingSession(
+            session_id=str(s.pk),
+            owner_id=str(s.owner_id),
+            created_at=s.created_at,
+            session_type=s.session_type,
+            cluster_mode=s.cluster_mode,
+            kernels=tuple(kernels_by_session[s.pk]),
+            attempts=s.scheduling_attempts,
+            depends_on=tuple(depends.get(s.pk, ())),
+            starts_at=s.starts_at,
+        )
+        for s in pending
+        if kernels_by_session.get(s.pk)
+    )
+
+    agents = list(
+        Agent.objects.filter(
+            resource_group=group, status=AgentStatus.ALIVE, schedulable=True
+        ).values_list("pk", "capacity_slots")
+    )
+    occupied = agent_occupancy(agent_ids=[pk for pk, _ in agents])
+    agent_states = tuple(
+        policy.AgentState(
+            agent_id=pk,
+            capacity=_slots(capacity),
+            occupied=policy.ResourceSlots.from_mapping(occupied.get(pk, {})),
+        )
+        for pk, capacity in agents
+    )
+
+    owner_ids = {s.owner_id for s in pending}
+    usage = owner_usage(owner_ids=owner_ids)
+    default_policy = (
+        ResourcePolicy.objects.filter(is_default=True)
+        .prefetch_related("allowed_resource_groups")
+        .first()
+    )
+    assigned = {
+        a.user_id: a.policy
+        for a in UserResourcePolicy.objects.filter(user_id__in=owner_ids).select_related("policy")
+    }
+    quotas = {str(uid): _quota(p, group_names) for uid, p in assigned.items()}
+
+    return policy.Snapshot(
+        group=policy.GroupConfig(
+            name=group.name,
+            session_selection=group.session_selection,
+            num_retries_to_skip=group.num_retries_to_skip,
+            agent_selection=group.agent_selection,
+            allowed_session_types=frozenset(group.allowed_session_types),
+            pending_timeout=group.pending_timeout,
+            roundrobin_cursor=group.roundrobin_cursor,
+        ),
+        now=now,
+        pending=pending_states,
+        agents=agent_states,
+        usage=usage,
+        quotas=quotas,
+        dependencies=dependencies,
+        default_quota=_quota(default_policy, group_names),
+    )
+
+
+def owner_usage(*, owner_ids: set[int]) -> dict[str, policy.OwnerUsage]:
+    counts = {
+        row["owner_id"]: row
+        for row in Session.objects.filter(owner_id__in=owner_ids, status__in=ACTIVE)
+        .values("owner_id")
+        .annotate(
+            pending=Count("pk", filter=Q(status=Status.PENDING)),
+            active=Count(
+                "pk",
+                filter=~Q(status=Status.PENDING) & ~Q(session_type=SessionType.SYSTEM),
+            ),
+            system=Count(
+                "pk", filter=~Q(status=Status.PENDING) & Q(session_type=SessionType.SYSTEM)
+            ),
+        )
+    }
+    held: dict[int, dict[str, Decimal]] = defaultdict(dict)
+    for owner_id, requested in Kernel.objects.filter(
+        session__owner_id__in=owner_ids, status__in=OCCUPYING
+    ).values_list("session__owner_id", "requested_slots"):
+        mine = held[owner_id]
+        for slot, value in requested.items():
+            mine[slot] = mine.get(slot, Decimal(0)) + Decimal(value)
+    return {
+        str(uid): policy.OwnerUsage(
+            occupied=policy.ResourceSlots.from_mapping(held.get(uid, {})),
+            active_sessions=counts.get(uid, {}).get("active", 0),
+            pending_sessions=counts.get(uid, {}).get("pending", 0),
+            active_system_sessions=counts.get(uid, {}).get("system", 0),
+        )
+        for uid in owner_ids
+    }

@@ -1,0 +1,71 @@
+"""Build the project's kernel images locally (no registry is reachable) and
+register them as images. Cached outside the repo, so a rebuild takes seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from sessions_app.models import Image
+
+IMAGE_INFO = {
+    "bai-kernel/minimal:1": {
+        "display_name": "Minimal (busybox)",
+        "description": "A 2 MB busybox shell: fast to start; no SSH.",
+        "min_slots": {"cpu": "0.1", "mem": str(16 * 2**20)},
+    },
+    "bai-kernel/python:1": {
+        "display_name": "Python 3 + SSH (Debian bookworm)",
+        "description": "Python 3, an SSH server and client: `ssh sub1` works in clusters.",
+        "min_slots": {"cpu": "0.25", "mem": str(64 * 2**20)},
+    },
+}
+
+
+class Command(BaseCommand):
+    help = "Build (or reuse from cache) the kernel images and register them."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+        parser.add_argument(
+            "--only", choices=["minimal", "python"], help="build just one of the images"
+        )
+        parser.add_argument(
+            "--quiet-if-cached", action="store_true", help="print nothing when nothing was built"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            from agent import images
+        except ImportError as exc:  # pragma: no cover - the agent package ships with the project
+            raise CommandError(f"agent.images is not available: {exc}") from exc
+
+        lines: list[str] = []
+
+        def progress(message: str) -> None:
+            lines.append(message)
+            if not options["quiet_if_cached"]:
+                self.stdout.write(message)
+
+        builders = {"minimal": images.build_minimal, "python": images.build_python}
+        wanted = [options["only"]] if options["only"] else ["minimal", "python"]
+        built = []
+        try:
+            for name in wanted:
+                built.append(builders[name](progress, None, options["force"]))
+        except images.ImageBuildError as exc:
+            for line in lines if options["quiet_if_cached"] else []:
+                self.stderr.write(line)
+            raise CommandError(str(exc)) from exc
+        for result in built:
+            info = IMAGE_INFO.get(result.reference, {})
+            image, created = Image.objects.update_or_create(
+                reference=result.reference,
+                defaults={"supports_ssh": result.supports_ssh, "is_active": True, **info},
+            )
+            if created or result.source != "engine" or not options["quiet_if_cached"]:
+                self.stdout.write(
+                    f"{image.reference}: {result.size_bytes / 2**20:.1f} MB, {result.source}, "
+                    f"{result.seconds:.1f} s{' (registered)' if created else ''}"
+                )

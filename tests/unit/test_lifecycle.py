@@ -138,7 +138,7 @@ def test_the_documented_paths_are_allowed():
 def test_only_a_session_that_never_ran_can_be_cancelled_and_none_goes_back_to_pending():
     assert [src for src, dst in ALLOWED if dst == S.CANCELLED] == [S.PENDING]
     assert [src for src, dst in ALLOWED if dst == S.PENDING] == []
-    assert [src for src, dst in ALLOWED if src == S.RUNNING and dst not in TERMINAL] == [
+    assert [dst for src, dst in ALLOWED if src == S.RUNNING and dst not in TERMINAL] == [
         S.TERMINATING
     ]
 

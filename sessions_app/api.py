@@ -38,6 +38,9 @@ class TokenCreateApi(APIView):
     authentication_classes: list[Any] = []
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TokenCreateInput"
+
         username = serializers.CharField()
         password = serializers.CharField(style={"input_type": "password"})
 
@@ -159,6 +162,9 @@ class SessionDetailSerializer(SessionOutputSerializer):
 
 class SessionListCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "SessionCreateInput"
+
         """Shape only; the service checks meaning (and names the field)."""
 
         name = serializers.CharField(required=False)
@@ -217,6 +223,9 @@ class SessionDetailApi(APIView):
 
 class SessionTerminateApi(APIView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "SessionTerminateInput"
+
         reason = serializers.CharField(required=False, max_length=200)
 
     @extend_schema(request=InputSerializer, responses=SessionDetailSerializer)
@@ -345,6 +354,7 @@ class TemplateDetailApi(APIView):
         )
         return Response(TemplateSerializer(template).data)
 
+    @extend_schema(responses={204: None})
     def delete(self, request: Request, template_id: int) -> Response:
         _owned_template(request, template_id).delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -373,6 +383,9 @@ class TemplateExportApi(APIView):
 
 class TemplateImportApi(APIView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TemplateImportInput"
+
         format = serializers.ChoiceField(choices=["yaml", "json"], default="yaml")
         document = serializers.CharField(max_length=64 * 1024, trim_whitespace=False)
 
@@ -403,6 +416,9 @@ class FolderSerializer(serializers.Serializer):
 
 class FolderListCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "FolderCreateInput"
+
         name = serializers.CharField(max_length=64)
 
     @extend_schema(responses=FolderSerializer(many=True))
@@ -420,6 +436,7 @@ class FolderListCreateApi(APIView):
 
 
 class FolderDeleteApi(APIView):
+    @extend_schema(responses={204: None})
     def delete(self, request: Request, folder_id: int) -> Response:
         folder = selectors.folders_for_user(user=request.user).filter(pk=folder_id).first()
         if folder is None:

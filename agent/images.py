@@ -1,0 +1,628 @@
+"""Build the project's own kernel images locally (no registry is reachable).
+
+Two images:
+
+* ``bai-kernel/minimal:1`` -- Debian's static busybox plus applet symlinks, a ``work`` user
+  (uid/gid 1000) and nothing else. Built in memory with :mod:`tarfile` in ~0.1 s.
+* ``bai-kernel/python:1`` -- a ``debootstrap --variant=minbase`` bookworm root with python3,
+  openssh-server/-client, iproute2 and procps. Takes ~40 s cold; the finished root tarball is cached
+  outside the repository keyed on a hash of its recipe, so later builds only ``docker import`` it.
+
+Both images carry the label ``ai.backend.recipe=<hash>``; an image already in the engine with the
+same label is left alone. Root tarballs never carry xattrs (file capabilities break binaries such
+as ``ping`` under ``--cap-drop ALL``).
+
+Plain Python: this module imports no Django (the agent package must not). The ``docker`` SDK is
+imported lazily, only when no client is passed in.
+
+Public API::
+
+    build_all(progress, cache_dir=None, force=False, client=None) -> list[BuiltImage]
+    build_minimal(progress, cache_dir=None, force=False, client=None) -> BuiltImage
+    build_python(progress, cache_dir=None, force=False, client=None) -> BuiltImage
+    image_present(client, reference) -> bool
+    MINIMAL_IMAGE, PYTHON_IMAGE, RECIPE_LABEL, SSH_LABEL, ImageBuildError, BuiltImage
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MINIMAL_IMAGE = "bai-kernel/minimal:1"
+PYTHON_IMAGE = "bai-kernel/python:1"
+
+RECIPE_LABEL = "ai.backend.recipe"
+SSH_LABEL = "ai.backend.supports-ssh"  # "true" when the image carries /usr/sbin/sshd
+
+KERNEL_UID = 1000
+KERNEL_GID = 1000
+KERNEL_USER = "work"
+KERNEL_HOME = "/home/work"
+
+BUSYBOX_PATH = "/bin/busybox"
+
+# Bump when the build procedure changes in a way the hashed recipe below would not capture.
+RECIPE_VERSION = 1
+PYTHON_SUITE = "bookworm"
+PYTHON_PACKAGES = ("python3", "openssh-server", "openssh-client", "iproute2", "procps")
+
+Progress = Callable[[str], None]
+
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Runs inside the chroot (/bin/sh is dash in the minbase root). Part of the recipe hash.
+_PYTHON_SETUP_SCRIPT = """\
+set -eu
+export DEBIAN_FRONTEND=noninteractive PATH=/usr/sbin:/usr/bin:/sbin:/bin
+printf '%s\\n' \\
+  'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \\
+  'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' \\
+  'path-exclude /usr/share/locale/*' 'path-include /usr/share/locale/locale.alias' \\
+  'path-exclude /usr/share/lintian/*' > /etc/dpkg/dpkg.cfg.d/excludes
+apt-get -q -o Acquire::Languages=none update
+apt-get -q -y --no-install-recommends -o Dpkg::Options::=--force-unsafe-io install {packages}
+groupadd --gid {gid} {user}
+useradd --uid {uid} --gid {gid} --create-home --home-dir {home} --shell /bin/bash {user}
+chmod 0755 {home}
+apt-get clean
+rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debconf/*-old /var/lib/dpkg/*-old
+rm -f /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/log/bootstrap.log
+rm -f /etc/ssh/ssh_host_*
+find /usr/share/doc -mindepth 1 ! -type d ! -name copyright -delete
+find /usr/share/doc -mindepth 1 -type d -empty -delete
+find /usr/share/locale -mindepth 1 -maxdepth 1 ! -name locale.alias -exec rm -rf -- '{{}}' +
+rm -rf /usr/share/man/* /usr/share/info/* /usr/share/lintian
+install -d -m 0755 -o root -g root /run/sshd
+: > /etc/resolv.conf
+: > /etc/hostname
+rm -f /usr/sbin/policy-rc.d
+"""
+
+
+class ImageBuildError(RuntimeError):
+    """A kernel image could not be built; the message names the step and the cause."""
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    reference: str
+    size_bytes: int
+    supports_ssh: bool
+    built_from_cache: bool  # True when nothing had to be built from scratch
+    seconds: float
+    recipe_hash: str = ""
+    image_id: str = ""
+    source: str = ""  # "engine" (already present), "cache" (tarball imported) or "built"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("BAI_IMAGE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.cache/backendai-web/images").expanduser()
+
+
+def _client(client: Any) -> Any:
+    if client is not None:
+        return client
+    try:
+        import docker
+    except ImportError as exc:  # pragma: no cover - docker is a project dependency
+        raise ImageBuildError("the `docker` Python package is not installed") from exc
+    try:
+        c = docker.from_env()
+        c.ping()
+    except Exception as exc:
+        raise ImageBuildError(f"no Docker engine answers: {exc}") from exc
+    return c
+
+
+def _image_or_none(client: Any, reference: str) -> Any:
+    import docker.errors
+
+    try:
+        return client.images.get(reference)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def image_present(client: Any, reference: str) -> bool:
+    """True when ``reference`` names an image in the engine ``client`` talks to."""
+    return _image_or_none(client, reference) is not None
+
+
+def _present_with_recipe(client: Any, reference: str, recipe: str) -> Any:
+    img = _image_or_none(client, reference)
+    if img is not None and (img.labels or {}).get(RECIPE_LABEL) == recipe:
+        return img
+    return None
+
+
+def _tail(text: str | bytes, lines: int = 15) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _run(step: str, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, **kwargs)
+    except FileNotFoundError as exc:
+        raise ImageBuildError(f"{step}: command not found: {cmd[0]}") from exc
+    if proc.returncode != 0:
+        out = _tail(proc.stderr) or _tail(proc.stdout)
+        raise ImageBuildError(
+            f"{step}: `{' '.join(cmd[:4])}{' ...' if len(cmd) > 4 else ''}` exited {proc.returncode}:\n{out}"
+        )
+    return proc
+
+
+def _import(client: Any, step: str, src: str | bytes, reference: str, changes: list[str]) -> str:
+    """``docker import`` a root tarball (a path or bytes); return the new image id."""
+    repo, tag = reference.rsplit(":", 1)
+    previous = _image_or_none(client, reference)
+    try:
+        if isinstance(src, bytes):
+            out = client.api.import_image_from_data(src, repository=repo, tag=tag, changes=changes)
+        else:
+            out = client.api.import_image_from_file(src, repository=repo, tag=tag, changes=changes)
+    except Exception as exc:
+        raise ImageBuildError(f"{step}: docker import failed: {exc}") from exc
+    image_id = ""
+    for line in (out if isinstance(out, str) else json.dumps(out)).splitlines():
+        with contextlib.suppress(ValueError):
+            msg = json.loads(line)
+            if isinstance(msg, dict) and (msg.get("error") or msg.get("errorDetail")):
+                raise ImageBuildError(f"{step}: docker import failed: {msg}")
+            if isinstance(msg, dict) and str(msg.get("status", "")).startswith("sha256:"):
+                image_id = msg["status"]
+    if previous is not None and previous.id != image_id:
+        # The tag moved; drop the old image unless a container still uses it.
+        with contextlib.suppress(Exception):
+            client.images.remove(previous.id)
+    return image_id
+
+
+def _image_config(
+    rootfs_hash: str, supports_ssh: bool, cmd: str, env: dict[str, str]
+) -> tuple[str, list[str]]:
+    """The ``docker import --change`` lines and the recipe label value they end with.
+
+    The label hashes the root filesystem's recipe together with this configuration, so a change
+    to either re-imports the image, while the cached root tarball stays keyed on the rootfs alone.
+    """
+    config = [
+        f"LABEL {SSH_LABEL}={'true' if supports_ssh else 'false'}",
+        f"ENV {' '.join(f'{k}={v}' for k, v in env.items())}" if env else "",
+        f"WORKDIR {KERNEL_HOME}",
+        f"CMD {json.dumps([cmd])}",
+    ]
+    config = [line for line in config if line]
+    blob = "\n".join([rootfs_hash, *config]).encode()
+    recipe = hashlib.sha256(blob).hexdigest()[:16]
+    return recipe, [*config, f"LABEL {RECIPE_LABEL}={recipe}"]
+
+
+def _result(client: Any, reference: str, recipe: str, started: float, source: str) -> BuiltImage:
+    img = client.images.get(reference)
+    labels = img.labels or {}
+    return BuiltImage(
+        reference=reference,
+        size_bytes=int(img.attrs.get("Size") or 0),
+        supports_ssh=labels.get(SSH_LABEL) == "true",
+        built_from_cache=source != "built",
+        seconds=round(time.monotonic() - started, 3),
+        recipe_hash=recipe,
+        image_id=img.id,
+        source=source,
+    )
+
+
+def _is_static_elf(path: str) -> bool:
+    """True when ``path`` is an ELF executable without a PT_INTERP (dynamic loader) header."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF":
+            return False
+        is64 = head[4] == 2
+        end = "<" if head[5] == 1 else ">"
+        if is64:
+            phoff, phentsize, phnum = (
+                struct.unpack_from(end + "Q", head, 32)[0],
+                *struct.unpack_from(end + "HH", head, 54),
+            )
+        else:
+            phoff, phentsize, phnum = (
+                struct.unpack_from(end + "I", head, 28)[0],
+                *struct.unpack_from(end + "HH", head, 42),
+            )
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    for i in range(phnum):
+        (p_type,) = struct.unpack_from(end + "I", table, i * phentsize)
+        if p_type == 3:  # PT_INTERP
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise builds of one recipe across processes (an flock on ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- minimal image
+
+
+def minimal_rootfs_tar(busybox: str = BUSYBOX_PATH) -> bytes:
+    """The minimal image's root filesystem as an (uncompressed, reproducible) tar."""
+    if not os.path.exists(busybox):
+        raise ImageBuildError(
+            f"minimal: {busybox} not found; install it with `apt-get install busybox-static`"
+        )
+    if not _is_static_elf(busybox):
+        raise ImageBuildError(
+            f"minimal: {busybox} is dynamically linked; install the static build with `apt-get install busybox-static`"
+        )
+    listing = _run("minimal: busybox --list-full", [busybox, "--list-full"]).stdout.decode()
+    applets = sorted({p.strip().lstrip("/") for p in listing.split() if p.strip()})
+    with open(busybox, "rb") as f:
+        binary = f.read()
+    mtime = int(os.stat(busybox).st_mtime)
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+
+        def add(name: str, kind: bytes, mode: int, uid: int = 0, gid: int = 0, **kw: Any) -> None:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.mode = mode
+            info.uid, info.gid = uid, gid
+            info.uname = info.gname = ""
+            info.mtime = mtime
+            data = kw.pop("data", None)
+            for k, v in kw.items():
+                setattr(info, k, v)
+            if data is not None:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                tar.addfile(info)
+
+        dirs = {
+            "bin": 0o755,
+            "sbin": 0o755,
+            "usr": 0o755,
+            "usr/bin": 0o755,
+            "usr/sbin": 0o755,
+            "etc": 0o755,
+            "dev": 0o755,
+            "proc": 0o555,
+            "sys": 0o555,
+            "run": 0o755,
+            "var": 0o755,
+            "var/tmp": 0o1777,
+            "root": 0o700,
+            "home": 0o755,
+            "tmp": 0o1777,
+        }
+        for applet in applets:  # any other directory an applet lives in
+            parent = os.path.dirname(applet)
+            while parent and parent not in dirs:
+                dirs[parent] = 0o755
+                parent = os.path.dirname(parent)
+        for d in sorted(dirs):
+            add(d, tarfile.DIRTYPE, dirs[d])
+        add(KERNEL_HOME.lstrip("/"), tarfile.DIRTYPE, 0o755, KERNEL_UID, KERNEL_GID)
+        add("bin/busybox", tarfile.REGTYPE, 0o755, data=binary)
+        for applet in applets:
+            if applet != "bin/busybox":
+                add(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox")
+        passwd = (
+            "root:x:0:0:root:/root:/bin/sh\n"
+            f"{KERNEL_USER}:x:{KERNEL_UID}:{KERNEL_GID}:{KERNEL_USER}:{KERNEL_HOME}:/bin/sh\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+        )
+        group = f"root:x:0:\n{KERNEL_USER}:x:{KERNEL_GID}:\nnogroup:x:65534:\n"
+        add("etc/passwd", tarfile.REGTYPE, 0o644, data=passwd.encode())
+        add("etc/group", tarfile.REGTYPE, 0o644, data=group.encode())
+    return buf.getvalue()
+
+
+def build_minimal(
+    progress: Progress = lambda _msg: None,
+    cache_dir: Path | None = None,  # unused: the build is faster than a cache lookup
+    force: bool = False,
+    client: Any = None,
+) -> BuiltImage:
+    """Build ``bai-kernel/minimal:1`` from the host's static busybox (~0.1 s)."""
+    started = time.monotonic()
+    client = _client(client)
+    data = minimal_rootfs_tar()
+    rootfs = hashlib.sha256(f"minimal-v{RECIPE_VERSION}\0".encode() + data).hexdigest()[:16]
+    recipe, changes = _image_config(rootfs, False, "/bin/sh", {"PATH": _PATH})
+    if not force and _present_with_recipe(client, MINIMAL_IMAGE, recipe):
+        progress(f"minimal: {MINIMAL_IMAGE} already present (recipe {recipe})")
+        return _result(client, MINIMAL_IMAGE, recipe, started, "engine")
+    _import(client, "minimal: docker import", data, MINIMAL_IMAGE, changes)
+    res = _result(client, MINIMAL_IMAGE, recipe, started, "built")
+    progress(f"minimal: built {MINIMAL_IMAGE} in {res.seconds:.1f} s ({_mb(res.size_bytes)})")
+    return res
+
+
+# --------------------------------------------------------------------------- python image
+
+
+def find_apt_mirror(suite: str = PYTHON_SUITE) -> str:
+    """The Debian mirror the machine's apt already uses for ``suite`` (sources.list[.d])."""
+    entries: list[tuple[str, list[str]]] = []  # (uri, suites)
+    paths = ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]
+    for path in paths:
+        with contextlib.suppress(OSError), open(path) as f:
+            for line in f:
+                parts = line.split("#", 1)[0].split()
+                if len(parts) >= 3 and parts[0] == "deb":
+                    rest = parts[1:]
+                    if rest[0].startswith("["):  # options: [arch=amd64 signed-by=...]
+                        while rest and not rest[0].endswith("]"):
+                            rest = rest[1:]
+                        rest = rest[1:]
+                    if len(rest) >= 2:
+                        entries.append((rest[0], [rest[1]]))
+    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+        with contextlib.suppress(OSError), open(path) as f:
+            text = f.read()
+        for stanza in text.split("\n\n"):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if line.startswith("#") or ":" not in line:
+                    continue
+                key, _, value = line.partition(":")
+                fields[key.strip().lower()] = value.strip()
+            if "deb" not in fields.get("types", "").split():
+                continue
+            if fields.get("enabled", "yes").lower() == "no":
+                continue
+            for uri in fields.get("uris", "").split():
+                entries.append((uri, fields.get("suites", "").split()))
+    for uri, suites in entries:
+        if suite in suites:
+            return uri.rstrip("/")
+    raise ImageBuildError(
+        f"python: no apt source for suite {suite!r} in /etc/apt/sources.list or "
+        "/etc/apt/sources.list.d/; cannot tell which Debian mirror to debootstrap from"
+    )
+
+
+def _dpkg_arch() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+
+
+def python_recipe() -> dict[str, Any]:
+    return {
+        "version": RECIPE_VERSION,
+        "suite": PYTHON_SUITE,
+        "variant": "minbase",
+        "arch": _dpkg_arch(),
+        "packages": list(PYTHON_PACKAGES),
+        "user": [KERNEL_USER, KERNEL_UID, KERNEL_GID, KERNEL_HOME],
+        "script": _PYTHON_SETUP_SCRIPT,
+    }
+
+
+def python_recipe_hash() -> str:
+    blob = json.dumps(python_recipe(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    found = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            mnt = line.split()[4].replace("\\040", " ")
+            if mnt.startswith(prefix) or mnt == prefix.rstrip("/"):
+                found.append(mnt)
+    return sorted(found, reverse=True)
+
+
+def _remove_tree(root: Path) -> None:
+    for mnt in _mounts_under(root):
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+    if _mounts_under(root):
+        raise ImageBuildError(f"python: {root} still has mounts under it; not removing it")
+    subprocess.run(["rm", "-rf", "--one-file-system", str(root)], capture_output=True)
+
+
+def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> None:
+    """debootstrap + chroot setup + tar, written atomically to ``tarball``."""
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError(
+            "python: debootstrap is not installed; install it with `apt-get install debootstrap`"
+        )
+    if os.geteuid() != 0:
+        raise ImageBuildError(
+            "python: building the root filesystem needs root (debootstrap, chroot); run the build "
+            f"as root once, or place a built tarball at {tarball}"
+        )
+    mirror = find_apt_mirror(PYTHON_SUITE)
+    cache = tarball.parent
+    for stale in cache.glob(
+        f".build-{recipe}-*"
+    ):  # left by an interrupted build (we hold the lock)
+        _remove_tree(stale)
+    workdir = Path(tempfile.mkdtemp(prefix=f".build-{recipe}-", dir=cache))
+    root = workdir / "root"
+    tmp_tar = cache / f".{tarball.name}.{os.getpid()}.tmp"
+    try:
+        t0 = time.monotonic()
+        progress(
+            f"python: debootstrap {PYTHON_SUITE} from {mirror} (this takes ~40 s the first time)\N{HORIZONTAL ELLIPSIS}"
+        )
+        _run(
+            "python: debootstrap",
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--arch={_dpkg_arch()}",
+                PYTHON_SUITE,
+                str(root),
+                mirror,
+            ],
+        )
+        progress(f"python: debootstrap done in {time.monotonic() - t0:.0f} s")
+
+        t0 = time.monotonic()
+        progress(
+            f"python: installing {' '.join(PYTHON_PACKAGES)} in the chroot\N{HORIZONTAL ELLIPSIS}"
+        )
+        policy = root / "usr/sbin/policy-rc.d"
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+        with contextlib.suppress(OSError):
+            shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")
+        script = _PYTHON_SETUP_SCRIPT.format(
+            packages=" ".join(PYTHON_PACKAGES),
+            uid=KERNEL_UID,
+            gid=KERNEL_GID,
+            user=KERNEL_USER,
+            home=KERNEL_HOME,
+        )
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
+        _run("python: chroot setup", ["chroot", str(root), "/bin/sh", "-c", script], env=env)
+        progress(f"python: packages installed in {time.monotonic() - t0:.0f} s")
+
+        t0 = time.monotonic()
+        _run(
+            "python: tar root filesystem",
+            [
+                "tar",
+                "--numeric-owner",
+                "--no-xattrs",
+                "--no-acls",
+                "--no-selinux",
+                "--exclude=./dev/*",
+                "--exclude=./proc/*",
+                "--exclude=./sys/*",
+                "-C",
+                str(root),
+                "-cf",
+                str(tmp_tar),
+                ".",
+            ],
+        )
+        with open(tmp_tar, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_tar, tarball)
+        meta = dict(python_recipe(), mirror=mirror, built_at=time.time())
+        tarball.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        progress(
+            f"python: root tarball {_mb(tarball.stat().st_size)} cached at {tarball} ({time.monotonic() - t0:.0f} s)"
+        )
+    finally:
+        with contextlib.suppress(OSError):
+            tmp_tar.unlink()
+        _remove_tree(workdir)
+
+
+def python_tarball_path(cache_dir: Path | None = None) -> Path:
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return cache / f"python-{PYTHON_SUITE}-{python_recipe_hash()}.tar"
+
+
+def build_python(
+    progress: Progress = lambda _msg: None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    client: Any = None,
+) -> BuiltImage:
+    """Build ``bai-kernel/python:1``: engine hit -> nothing; cache hit -> import; else debootstrap.
+
+    ``force`` rebuilds the root filesystem from scratch and replaces the cached tarball.
+    """
+    started = time.monotonic()
+    client = _client(client)
+    recipe, changes = _image_config(
+        python_recipe_hash(), True, "/bin/bash", {"PATH": _PATH, "LANG": "C.UTF-8"}
+    )
+    tarball = python_tarball_path(cache_dir)
+    if not force and _present_with_recipe(client, PYTHON_IMAGE, recipe):
+        progress(f"python: {PYTHON_IMAGE} already present (recipe {recipe})")
+        return _result(client, PYTHON_IMAGE, recipe, started, "engine")
+    with _locked(tarball.with_suffix(".lock")):
+        # Another process may have finished the same build while we waited for the lock.
+        if not force and _present_with_recipe(client, PYTHON_IMAGE, recipe):
+            progress(f"python: {PYTHON_IMAGE} already present (recipe {recipe})")
+            return _result(client, PYTHON_IMAGE, recipe, started, "engine")
+        source = "cache"
+        if force or not tarball.is_file():
+            _build_python_tarball(progress, tarball, python_recipe_hash())
+            source = "built"
+        else:
+            progress(f"python: cached at {tarball}, importing")
+        _import(client, "python: docker import", str(tarball), PYTHON_IMAGE, changes)
+    res = _result(client, PYTHON_IMAGE, recipe, started, source)
+    how = "built" if source == "built" else "imported from cache"
+    progress(f"python: {how} {PYTHON_IMAGE} in {res.seconds:.1f} s ({_mb(res.size_bytes)})")
+    return res
+
+
+def build_all(
+    progress: Progress = lambda _msg: None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    client: Any = None,
+) -> list[BuiltImage]:
+    """Build (or reuse) every kernel image the project ships; minimal first (it is instant)."""
+    client = _client(client)
+    return [
+        build_minimal(progress, cache_dir, force, client),
+        build_python(progress, cache_dir, force, client),
+    ]
+
+
+KERNEL_IMAGES: dict[str, Callable[..., BuiltImage]] = {
+    MINIMAL_IMAGE: build_minimal,
+    PYTHON_IMAGE: build_python,
+}
+
+
+if __name__ == "__main__":  # python -m agent.images [--force]
+    import sys
+
+    for built in build_all(lambda m: print(m, flush=True), force="--force" in sys.argv):
+        print(built)

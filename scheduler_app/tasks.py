@@ -27,7 +27,9 @@ def _flags() -> redis.Redis:
 
 
 def _flag(group_id: int | None) -> str:
-    return f"bai:pass-queued:{group_id if group_id is not None else 'all'}"
+    # Keyed by database too: test runs and a dev server may share one Redis.
+    database = settings.DATABASES["default"]["NAME"]
+    return f"bai:pass-queued:{database}:{group_id if group_id is not None else 'all'}"
 
 
 def request_pass(resource_group_id: int | None) -> None:

@@ -119,3 +119,13 @@ def api(client):
         return c
 
     return make
+
+
+@pytest.fixture
+def live_system(transactional_db, tmp_path, group):
+    """daphne on the test database (see tests/live.py); agents via ``start_agent``."""
+    from tests.live import LiveSystem
+
+    system = LiveSystem(tmp_path).start()
+    yield system
+    system.stop()

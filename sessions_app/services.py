@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import jsonschema
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -83,8 +84,15 @@ def session_create(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> Session:
     try:
         with transaction.atomic():
             session = _session_insert(owner=owner, plan=plan, template=template)
-    except IntegrityError as exc:
-        if "unique_active_session_name_per_owner" in str(exc):
+    except IntegrityError:
+        # Checked here rather than before the insert, so that two concurrent
+        # launches cannot both pass; by existence, since SQLite's message
+        # does not name the constraint.
+        if (
+            Session.objects.filter(owner=owner, name=plan["name"])
+            .exclude(status__in=TERMINAL)
+            .exists()
+        ):
             raise Conflict(
                 f"You already have an active session named {plan['name']!r}.",
                 {"fields": {"name": ["already used by one of your active sessions"]}},
@@ -158,7 +166,16 @@ def _validate_launch(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> dict[s
     if cluster_mode not in ClusterMode.values:
         bad("cluster_mode", f"must be one of {', '.join(ClusterMode.values)}")
     roles = spec.get("roles") or {}
+    role_errors = list(jsonschema.Draft202012Validator(SPEC_PROPERTIES["roles"]).iter_errors(roles))
+    for error in role_errors:
+        where = ".".join(["roles", *(str(p) for p in error.absolute_path)])
+        bad(where, error.message)
+    if role_errors:
+        roles = {}
+    main_role = roles.get("main") or {}
     sub_role = roles.get("sub") or {}
+    if main_role.get("replicas", 1) != 1:
+        bad("roles.main.replicas", "a session has exactly one main kernel (main1)")
     cluster_size = spec.get("cluster_size")
     if cluster_size is None:
         cluster_size = 1 + int(sub_role.get("replicas", 0) or 0)
@@ -179,21 +196,38 @@ def _validate_launch(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> dict[s
             f"({cluster_size - max_containers} over)"
         ]
 
-    # resources
-    main_slots = _parse_resources(spec.get("resources"), "resources", bad, image)
+    # per-role images and resources (a role's resources override the common ones key by key)
+    def role_image(role: dict[str, Any], field: str) -> Image | None:
+        if not role.get("image"):
+            return image
+        found = Image.objects.filter(reference=role["image"], is_active=True).first()
+        if found is None:
+            bad(field, f"unknown image {role['image']!r}")
+        elif group is not None:
+            allowed_groups = list(found.allowed_groups.values_list("name", flat=True))
+            if allowed_groups and group.name not in allowed_groups:
+                bad(
+                    field,
+                    f"image {found.reference!r} is not allowed in resource group {group.name!r}",
+                )
+        return found
+
+    def role_slots(role: dict[str, Any], field: str, role_img: Image | None) -> dict[str, Decimal]:
+        common = spec.get("resources")
+        if role.get("resources") is None:
+            return _parse_resources(common, "resources", bad, role_img)
+        if common is not None and not isinstance(common, dict):
+            common = {}  # reported once, as "resources", by the main role
+        return _parse_resources({**(common or {}), **role["resources"]}, field, bad, role_img)
+
+    main_image = role_image(main_role, "roles.main.image")
+    sub_image = role_image(sub_role, "roles.sub.image")
+    main_slots = role_slots(main_role, "roles.main.resources", main_image)
     sub_slots = main_slots
-    sub_image = image
-    if sub_role.get("resources") is not None:
-        sub_slots = _parse_resources(
-            {**(spec.get("resources") or {}), **sub_role["resources"]},
-            "roles.sub.resources",
-            bad,
-            image,
-        )
-    if sub_role.get("image"):
-        sub_image = Image.objects.filter(reference=sub_role["image"], is_active=True).first()
-        if sub_image is None:
-            bad("roles.sub.image", f"unknown image {sub_role['image']!r}")
+    if sub_role.get("resources") is not None or main_role.get("resources") is not None:
+        sub_slots = role_slots(sub_role, "roles.sub.resources", sub_image)
+    elif sub_image is not main_image:
+        _check_min_slots(sub_slots, sub_image, "roles.sub.image", bad)
 
     # env
     env = spec.get("env") or {}
@@ -272,7 +306,10 @@ def _validate_launch(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> dict[s
     # time
     starts_at = spec.get("starts_at")
     if starts_at:
-        parsed = parse_datetime(starts_at) if isinstance(starts_at, str) else None
+        try:
+            parsed = parse_datetime(starts_at) if isinstance(starts_at, str) else None
+        except ValueError:  # well formed but not a date, e.g. month 13
+            parsed = None
         if parsed is None:
             bad("starts_at", f"{starts_at!r} is not an ISO 8601 date-time")
         else:
@@ -289,7 +326,11 @@ def _validate_launch(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> dict[s
             bad("batch_timeout", "must be a positive number of seconds")
             batch_timeout = None
         else:
-            batch_timeout = timedelta(seconds=batch_timeout)
+            try:
+                batch_timeout = timedelta(seconds=batch_timeout)
+            except OverflowError:
+                bad("batch_timeout", "is too large")
+                batch_timeout = None
 
     if errors:
         first_field, messages = next(iter(errors.items()))
@@ -330,6 +371,7 @@ def _validate_launch(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> dict[s
         "name": name,
         "type": session_type,
         "image": image,
+        "main_image": main_image,
         "sub_image": sub_image,
         "group": group,
         "cluster_mode": cluster_mode,
@@ -357,14 +399,19 @@ def _parse_resources(raw: Any, field: str, bad: Any, image: Image | None) -> dic
     for slot in ("cpu", "mem"):
         if slots[slot] <= 0:
             bad(field, f"{slot}: must be more than 0")
-    if image is not None:
-        for slot, minimum in slotlib.from_strings(image.min_slots or {}).items():
-            if slots.get(slot, Decimal(0)) < minimum:
-                bad(
-                    field,
-                    f"{slot}: image {image.reference} needs at least {slotlib.fmt(slot, minimum)} per container",
-                )
+    _check_min_slots(slots, image, field, bad)
     return slots
+
+
+def _check_min_slots(slots: dict[str, Decimal], image: Image | None, field: str, bad: Any) -> None:
+    if image is None:
+        return
+    for slot, minimum in slotlib.from_strings(image.min_slots or {}).items():
+        if slots.get(slot, Decimal(0)) < minimum:
+            bad(
+                field,
+                f"{slot}: image {image.reference} needs at least {slotlib.fmt(slot, minimum)} per container",
+            )
 
 
 def _check_capacity(
@@ -383,17 +430,37 @@ def _check_capacity(
             short = _largest_shortfall(need_map, capacities)
             message = f"no agent in resource group {group.name!r} can ever hold one container of this size: {short}"
             raise InvalidInput(message, {"resources": [message]})
-    if cluster_mode == ClusterMode.SINGLE_NODE and len(kernel_slots) > 1:
-        total: dict[str, Decimal] = {}
-        for one in kernel_slots:
-            total = slotlib.add(total, one)
-        if not any(not slotlib.shortfall(total, cap) for cap in capacities):
-            short = _largest_shortfall(total, capacities)
+    if len(kernel_slots) < 2:
+        return
+    total: dict[str, Decimal] = {}
+    for one in kernel_slots:
+        total = slotlib.add(total, one)
+    if cluster_mode != ClusterMode.SINGLE_NODE:
+        # Not a packing, only a bound that never refuses what could fit: the
+        # agents together must have at least the whole cluster's resources.
+        group_total: dict[str, Decimal] = {}
+        for cap in capacities:
+            group_total = slotlib.add(group_total, cap)
+        short = slotlib.shortfall(total, group_total)
+        if short:
+            parts = ", ".join(
+                f"needs {slotlib.fmt(slot, total[slot])}, all agents together have "
+                f"{slotlib.fmt(slot, group_total.get(slot, Decimal(0)))}"
+                for slot in sorted(short)
+            )
             message = (
-                f"a single-node cluster of {len(kernel_slots)} containers does not fit on any one agent "
-                f"in {group.name!r}: {short}; use multi-node or a smaller cluster"
+                f"a cluster of {len(kernel_slots)} containers can never fit in resource group "
+                f"{group.name!r}: {parts}"
             )
             raise InvalidInput(message, {"cluster_size": [message]})
+        return
+    if not any(not slotlib.shortfall(total, cap) for cap in capacities):
+        short = _largest_shortfall(total, capacities)
+        message = (
+            f"a single-node cluster of {len(kernel_slots)} containers does not fit on any one agent "
+            f"in {group.name!r}: {short}; use multi-node or a smaller cluster"
+        )
+        raise InvalidInput(message, {"cluster_size": [message]})
 
 
 def _largest_shortfall(need: dict[str, Decimal], capacities: list[dict[str, Decimal]]) -> str:
@@ -439,7 +506,7 @@ def _session_insert(
             cluster_idx=1,
             local_rank=0,
             cluster_hostname="main1",
-            image=plan["image"].reference,
+            image=plan["main_image"].reference,
             requested_slots=slotlib.to_strings(plan["main_slots"]),
         )
     ]

@@ -136,7 +136,8 @@ class SessionOutputSerializer(serializers.ModelSerializer):
         return [f.name for f in obj.mounts.all()]
 
     def get_depends_on(self, obj: Session) -> list[str]:
-        return [str(pk) for pk in obj.depends_on.values_list("pk", flat=True)]
+        # .all(), not values_list(): the list view prefetches depends_on.
+        return [str(dep.pk) for dep in obj.depends_on.all()]
 
 
 class EventOutputSerializer(serializers.Serializer):
@@ -310,10 +311,24 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
     raise NotFound("No such template.")
 
 
+def _visible_template(request: Request, template_id: int) -> SessionTemplate:
+    """Templates one may read: own and shared ones; admins any (they may change any)."""
+    qs = selectors.templates_for_user(user=request.user, include_all=True)
+    template = qs.filter(pk=template_id).select_related("owner").first()
+    if template is None:
+        raise NotFound("No such template.")
+    return template
+
+
 class TemplateListCreateApi(APIView):
-    @extend_schema(responses=TemplateSerializer(many=True))
+    @extend_schema(
+        parameters=[OpenApiParameter("all", bool, description="Admins: every user's templates.")],
+        responses=TemplateSerializer(many=True),
+    )
     def get(self, request: Request) -> Response:
-        qs = selectors.templates_for_user(user=request.user).select_related("owner")
+        include_all = request.query_params.get("all") in ("1", "true")
+        qs = selectors.templates_for_user(user=request.user, include_all=include_all)
+        qs = qs.select_related("owner")
         return Response(TemplateSerializer(qs, many=True).data)
 
     @extend_schema(request=TemplateInputSerializer, responses={201: TemplateSerializer})
@@ -334,10 +349,7 @@ class TemplateListCreateApi(APIView):
 class TemplateDetailApi(APIView):
     @extend_schema(responses=TemplateSerializer)
     def get(self, request: Request, template_id: int) -> Response:
-        template = selectors.templates_for_user(user=request.user).filter(pk=template_id).first()
-        if template is None:
-            raise NotFound("No such template.")
-        return Response(TemplateSerializer(template).data)
+        return Response(TemplateSerializer(_visible_template(request, template_id)).data)
 
     @extend_schema(request=TemplateInputSerializer, responses=TemplateSerializer)
     def put(self, request: Request, template_id: int) -> Response:
@@ -365,9 +377,7 @@ class TemplateExportApi(APIView):
         parameters=[OpenApiParameter("format", str, enum=["yaml", "json"])], responses=str
     )
     def get(self, request: Request, template_id: int) -> Response:
-        template = selectors.templates_for_user(user=request.user).filter(pk=template_id).first()
-        if template is None:
-            raise NotFound("No such template.")
+        template = _visible_template(request, template_id)
         fmt = request.query_params.get("format", "yaml")
         if fmt not in ("yaml", "json"):
             raise InvalidInput("format: use yaml or json", {"format": ["use yaml or json"]})

@@ -81,8 +81,13 @@ def folders_for_user(*, user: AbstractBaseUser) -> QuerySet[DataFolder]:
     return DataFolder.objects.filter(owner=user)
 
 
-def templates_for_user(*, user: AbstractBaseUser) -> QuerySet[SessionTemplate]:
-    """Own templates plus shared ones (admins' or marked shared)."""
+def templates_for_user(
+    *, user: AbstractBaseUser, include_all: bool = False
+) -> QuerySet[SessionTemplate]:
+    """Own templates plus shared ones (admins' or marked shared); admins see
+    everyone's when ``include_all``."""
+    if include_all and user.is_staff:
+        return SessionTemplate.objects.all()
     return SessionTemplate.objects.filter(Q(owner=user) | Q(is_shared=True) | Q(owner__isnull=True))
 
 

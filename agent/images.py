@@ -171,9 +171,8 @@ def _run(step: str, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProces
         raise ImageBuildError(f"{step}: command not found: {cmd[0]}") from exc
     if proc.returncode != 0:
         out = _tail(proc.stderr) or _tail(proc.stdout)
-        raise ImageBuildError(
-            f"{step}: `{' '.join(cmd[:4])}{' ...' if len(cmd) > 4 else ''}` exited {proc.returncode}:\n{out}"
-        )
+        shown = " ".join(cmd[:4]) + (" ..." if len(cmd) > 4 else "")
+        raise ImageBuildError(f"{step}: `{shown}` exited {proc.returncode}:\n{out}")
     return proc
 
 
@@ -485,6 +484,8 @@ def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> Non
         f".build-{recipe}-*"
     ):  # left by an interrupted build (we hold the lock)
         _remove_tree(stale)
+    for stale_tar in cache.glob(f".{tarball.name}.*.tmp"):
+        stale_tar.unlink(missing_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f".build-{recipe}-", dir=cache))
     root = workdir / "root"
     tmp_tar = cache / f".{tarball.name}.{os.getpid()}.tmp"

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import authenticate
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny, IsAdminUser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -26,6 +28,18 @@ def _touch(session: Session, request: Request) -> None:
     # API calls about a session count as activity (idle timeout) when made by its owner.
     if session.owner_id == request.user.pk:
         services.session_touch(session_id=session.pk)
+
+
+def _refuse_unknown_fields(request: Request, serializer: type[serializers.Serializer]) -> None:
+    """A misspelt field is an error naming it, never silently dropped."""
+    if not isinstance(request.data, dict):
+        raise InvalidInput("The body must be a JSON object.")
+    unknown = sorted(set(request.data) - set(serializer().fields))
+    if unknown:
+        raise InvalidInput(
+            f"unknown field: {', '.join(unknown)}",
+            {name: ["unknown field"] for name in unknown},
+        )
 
 
 # --- auth -------------------------------------------------------------------
@@ -201,14 +215,7 @@ class SessionListCreateApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={201: SessionDetailSerializer})
     def post(self, request: Request) -> Response:
-        if not isinstance(request.data, dict):
-            raise InvalidInput("The body must be a JSON object.")
-        unknown = sorted(set(request.data) - set(self.InputSerializer().fields))
-        if unknown:
-            raise InvalidInput(
-                f"unknown field: {', '.join(unknown)}",
-                {name: ["unknown field"] for name in unknown},
-            )
+        _refuse_unknown_fields(request, self.InputSerializer)
         session = services.session_create(owner=request.user, spec=dict(request.data))
         session = selectors.get_session_for_user(user=request.user, session_id=session.pk)
         return Response(SessionDetailSerializer(session).data, status=status.HTTP_201_CREATED)
@@ -333,6 +340,7 @@ class TemplateListCreateApi(APIView):
 
     @extend_schema(request=TemplateInputSerializer, responses={201: TemplateSerializer})
     def post(self, request: Request) -> Response:
+        _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         shared = data.validated_data["is_shared"] and request.user.is_staff
@@ -354,6 +362,7 @@ class TemplateDetailApi(APIView):
     @extend_schema(request=TemplateInputSerializer, responses=TemplateSerializer)
     def put(self, request: Request, template_id: int) -> Response:
         template = _owned_template(request, template_id)
+        _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         template = services.template_save(
@@ -373,10 +382,16 @@ class TemplateDetailApi(APIView):
 
 
 class TemplateExportApi(APIView):
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # ``?format=`` picks the document's format here, not a DRF renderer
+        # (which would answer 404 to ``yaml``); errors are still JSON.
+        renderer = JSONRenderer()
+        return renderer, renderer.media_type
+
     @extend_schema(
         parameters=[OpenApiParameter("format", str, enum=["yaml", "json"])], responses=str
     )
-    def get(self, request: Request, template_id: int) -> Response:
+    def get(self, request: Request, template_id: int) -> HttpResponse:
         template = _visible_template(request, template_id)
         fmt = request.query_params.get("format", "yaml")
         if fmt not in ("yaml", "json"):
@@ -384,7 +399,8 @@ class TemplateExportApi(APIView):
         text = export_template_document(
             name=template.name, description=template.description, spec=template.spec, fmt=fmt
         )
-        response = Response(
+        # A plain response: the document is the body, not a JSON-quoted string.
+        response = HttpResponse(
             text, content_type="application/json" if fmt == "json" else "application/yaml"
         )
         response["Content-Disposition"] = f'attachment; filename="{template.name}.{fmt}"'
@@ -401,6 +417,7 @@ class TemplateImportApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={201: TemplateSerializer})
     def post(self, request: Request) -> Response:
+        _refuse_unknown_fields(request, self.InputSerializer)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         document = parse_template_document(

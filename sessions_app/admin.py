@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
 from . import services
+from . import slots as slotlib
 from .errors import ApplicationError, InvalidInput
 from .models import (
     Agent,
@@ -23,6 +25,7 @@ from .models import (
     Session,
     SessionEvent,
     SessionTemplate,
+    SessionType,
     UserResourcePolicy,
 )
 from .templates import validate_template_spec
@@ -40,8 +43,39 @@ class ReadOnlyInline(admin.TabularInline):
         return False
 
 
+def _clean_slots(value: Any) -> dict[str, str]:
+    """Slots typed by an admin, stored as exact decimal strings ("4g" becomes
+    bytes): a typo here would otherwise break every launch that reads them."""
+    try:
+        parsed = slotlib.parse_slots(value if value is not None else {}, settings.BAI_SLOT_TYPES)
+    except slotlib.SlotError as exc:
+        raise forms.ValidationError(str(exc)) from None
+    return {slot: format(amount, "f") for slot, amount in parsed.items()}
+
+
+# Admin forms: the ModelAdmin supplies the model and the fields.
+class ResourceGroupForm(forms.ModelForm):
+    def clean_allowed_session_types(self) -> Any:
+        value = self.cleaned_data["allowed_session_types"]
+        known = SessionType.values
+        if not isinstance(value, list) or any(v not in known for v in value):
+            raise forms.ValidationError(f"A list of session types, from: {', '.join(known)}.")
+        return value
+
+
+class ImageForm(forms.ModelForm):
+    def clean_min_slots(self) -> Any:
+        return _clean_slots(self.cleaned_data["min_slots"])
+
+
+class ResourcePolicyForm(forms.ModelForm):
+    def clean_total_resource_slots(self) -> Any:
+        return _clean_slots(self.cleaned_data["total_resource_slots"])
+
+
 @admin.register(ResourceGroup)
 class ResourceGroupAdmin(admin.ModelAdmin):
+    form = ResourceGroupForm
     list_display = [
         "name",
         "is_active",
@@ -121,6 +155,7 @@ class AgentAdmin(admin.ModelAdmin):
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
+    form = ImageForm
     list_display = ["reference", "display_name", "is_active", "supports_ssh", "min_slots"]
     list_filter = ["is_active", "supports_ssh"]
     search_fields = ["reference", "display_name"]
@@ -135,6 +170,7 @@ class UserResourcePolicyInline(admin.TabularInline):
 
 @admin.register(ResourcePolicy)
 class ResourcePolicyAdmin(admin.ModelAdmin):
+    form = ResourcePolicyForm
     list_display = [
         "name",
         "is_default",

@@ -19,7 +19,9 @@ from rest_framework.authtoken.models import Token
 from sessions_app.models import (
     Agent,
     DataFolder,
+    Image,
     Kernel,
+    ResourceGroup,
     ResourcePolicy,
     Session,
     SessionEvent,
@@ -238,3 +240,82 @@ def test_regenerating_a_token_invalidates_the_old_one(client, admin, agent):
     agent.refresh_from_db()
     assert agent.token_hash == hash_token(token) != old_hash
     assert not Agent.objects.filter(token_hash=hash_token(agent.plain_token)).exists()
+
+
+# --- what an admin types is checked before it can break launches ------------------------------
+
+
+def _policy_form(name: str, total_resource_slots: str) -> dict[str, str]:
+    return {
+        "name": name,
+        "total_resource_slots": total_resource_slots,
+        "max_containers_per_session": "8",
+        "max_concurrent_sftp_sessions": "1",
+        "assignments-TOTAL_FORMS": "0",
+        "assignments-INITIAL_FORMS": "0",
+    }
+
+
+@pytest.mark.parametrize(
+    ("slots", "words"),
+    [
+        ('{"cpu": "lots"}', "not a number"),
+        ('{"gpus": 1}', "unknown resource slot"),
+        ('{"cpu": -1}', "negative"),
+        ('"4 cpu"', "must be an object"),
+    ],
+)
+def test_a_policy_with_bad_slot_limits_is_refused(client, admin, slots, words):
+    client.force_login(admin)
+
+    response = client.post(_url(ResourcePolicy, "add"), _policy_form("bad", slots))
+
+    assert response.status_code == 200  # the form again, with the error
+    assert words in response.content.decode()
+    assert not ResourcePolicy.objects.filter(name="bad").exists()
+
+
+def test_a_policy_limit_in_units_is_stored_exactly(client, admin):
+    client.force_login(admin)
+
+    response = client.post(
+        _url(ResourcePolicy, "add"), _policy_form("ok", '{"mem": "4g", "cpu": 0}')
+    )
+
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert ResourcePolicy.objects.get(name="ok").total_resource_slots == {
+        "mem": str(4 * 2**30),
+        "cpu": "0",  # a zero limit stays a limit, it does not become "unlimited"
+    }
+
+
+def test_an_image_with_bad_minimum_slots_is_refused(client, admin):
+    client.force_login(admin)
+
+    response = client.post(
+        _url(Image, "add"),
+        {"reference": "x/y:1", "min_slots": '{"cpu": "two"}', "is_active": "on"},
+    )
+
+    assert response.status_code == 200
+    assert "not a number" in response.content.decode()
+    assert not Image.objects.filter(reference="x/y:1").exists()
+
+
+@pytest.mark.parametrize("types", ['"interactive"', '["interactive", "cron"]', "[1]"])
+def test_a_group_with_unknown_session_types_is_refused(client, admin, group, types):
+    client.force_login(admin)
+    form = {
+        "name": "g2",
+        "is_active": "on",
+        "session_selection": "fifo",
+        "num_retries_to_skip": "0",
+        "agent_selection": "concentrated",
+        "allowed_session_types": types,
+    }
+
+    response = client.post(_url(ResourceGroup, "add"), form)
+
+    assert response.status_code == 200
+    assert "A list of session types" in response.content.decode()
+    assert not ResourceGroup.objects.filter(name="g2").exists()

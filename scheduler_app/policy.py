@@ -1,0 +1,1034 @@
+"""Pure scheduling policy for one resource group: a snapshot in, decisions out.
+
+This module imports nothing from Django. The dispatcher builds a `Snapshot` from the database (pending
+sessions of one resource group, its live agents, per-owner usage and quotas, the states of the
+sessions they depend on, and `now`), calls `schedule()`, and applies the returned `Decisions` in one
+transaction, re-checking `occupied + requested <= capacity` when it writes.
+
+One pass, in order:
+
+1. Sessions are taken in the group's session-selection order:
+   - ``fifo``: oldest first (``created_at``, then ``session_id``). A session that does not fit for
+     lack of resources blocks every session behind it in this pass (head-of-line blocking, the
+     documented trade-off). With ``num_retries_to_skip = N > 0`` the sessions that already failed
+     more than N times (``attempts > N``) are moved behind the others, so later sessions that fit
+     can start; among the moved sessions the same rule applies.
+   - ``lifo``: newest first. A session that does not fit does not block the others.
+   - ``drf``: the owner with the smallest dominant share goes first (their usage in every group plus
+     what this pass placed for them, against this group's total agent capacity; ties go to the owner
+     whose next session is oldest), FIFO within an owner, re-evaluated after every placement. A
+     session that does not fit does not block the others.
+   ``num_retries_to_skip`` only matters for ``fifo``. Only a shortage of resources blocks: a session
+   held back by a check (quota, dependencies, start time, ...) waits alone.
+   A session that could not fit even on an empty agent of this group does not block either: waiting
+   cannot help it, so it must not hold up everyone behind it.
+2. Checks, the first failure decides: session type allowed in the group; resource group allowed by
+   the owner's quota; dependencies (cancelled when one ended without success or does not exist);
+   requested start time; pending timeout (cancelled); quota (containers per session, concurrent
+   sessions, total slots -- counting what this pass already placed for the owner). ``system``
+   sessions are exempt from the concurrency and total-slot quotas and are counted against
+   ``max_concurrent_system_sessions`` instead.
+3. Placement, all-or-nothing, never oversubscribing: single-node needs one agent that holds the sum of
+   all kernels; multi-node puts all kernels on one agent when one holds the sum, otherwise places
+   them kernel by kernel (several per agent allowed). Agent choice: ``concentrated`` (the fitting
+   agent with the least free cpu, then mem), ``dispersed`` (the most free), ``roundrobin`` (the next
+   fitting agent, in ``agent_id`` order, from the cursor; the new cursor is returned). Agents with an
+   accelerator are used for sessions that request none only when no CPU-only agent will do.
+
+Every pending session gets exactly one decision: a `Placement`, a `Wait` (with a human reason; it
+counts as a scheduling attempt only when the session itself was short of resources) or a
+`Cancellation`.
+
+Speed: decimal slot values are scaled to integers once per pass (exactly: each slot is scaled by
+10 ** its largest number of decimal places in the snapshot), agents are kept in two indexes (CPU-only
+and with accelerators) sorted by free cpu and mem, and a request shape that did not fit is remembered
+for the rest of the pass -- nothing is freed during a pass, so the same shape cannot fit later.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Context, Decimal, DivisionByZero, Inexact, InvalidOperation, Overflow
+from fractions import Fraction
+from itertools import chain
+
+__all__ = [
+    "AGENT_SELECTIONS",
+    "CLUSTER_MODES",
+    "SESSION_SELECTIONS",
+    "AgentState",
+    "Cancellation",
+    "Decisions",
+    "DependencyState",
+    "GroupConfig",
+    "KernelRequest",
+    "OwnerUsage",
+    "PendingSession",
+    "Placement",
+    "Quota",
+    "ResourceSlots",
+    "Snapshot",
+    "Wait",
+    "check_session",
+    "order_sessions",
+    "place_kernels",
+    "schedule",
+]
+
+SESSION_SELECTIONS = ("fifo", "lifo", "drf")
+AGENT_SELECTIONS = ("concentrated", "dispersed", "roundrobin")
+CLUSTER_MODES = ("single-node", "multi-node")
+SYSTEM_SESSION_TYPE = "system"
+
+# Slot arithmetic is exact: an operation that would round raises instead.
+_EXACT = Context(prec=80, traps=[Inexact, InvalidOperation, Overflow, DivisionByZero])
+# Ratios (dominant shares) are reported, not accumulated, so rounding them is fine.
+_RATIO = Context(prec=28)
+_ZERO = Decimal(0)
+_MAX_DECIMAL_PLACES = 18
+# The dispatcher writes "unlimited" quota slots as 10**30; anything up to 10**40 is accepted.
+_MAX_INTEGER_DIGITS = 40
+_NON_ACCELERATOR_SLOTS = frozenset({"cpu", "mem"})
+
+
+def _decimal_text(value: Decimal) -> str:
+    return format(_EXACT.normalize(value), "f")
+
+
+class ResourceSlots:
+    """An immutable amount of resources per slot name, with exact decimal arithmetic.
+
+    A missing slot counts as 0 and zero slots are not stored. Values built with `from_mapping` are
+    finite and non-negative; subtraction may produce negative values (e.g. free = capacity - occupied
+    on an overcommitted agent), which never fit anywhere.
+    """
+
+    __slots__ = ("_hash", "_items")
+    _items: tuple[tuple[str, Decimal], ...]
+    _hash: int
+
+    def __init__(self) -> None:
+        raise TypeError("use ResourceSlots.from_mapping() or ResourceSlots.zero()")
+
+    @classmethod
+    def _make(cls, items: Iterable[tuple[str, Decimal]]) -> ResourceSlots:
+        kept = tuple(sorted((name, _EXACT.normalize(value)) for name, value in items if value))
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "_items", kept)
+        object.__setattr__(obj, "_hash", hash(kept))
+        return obj
+
+    @classmethod
+    def zero(cls) -> ResourceSlots:
+        return _ZERO_SLOTS
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, str | int | Decimal]) -> ResourceSlots:
+        """Parse ``{"cpu": "2", "mem": 1073741824}``; raise ValueError naming the bad slot."""
+        items: list[tuple[str, Decimal]] = []
+        for name, raw in values.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"slot name {name!r} must be a non-empty string")
+            if isinstance(raw, bool) or not isinstance(raw, str | int | Decimal):
+                # One exception type for every bad value: callers parse JSON and admin input.
+                raise ValueError(f"slot {name}: {raw!r} is not a decimal number")  # noqa: TRY004
+            try:
+                value = Decimal(raw.strip()) if isinstance(raw, str) else Decimal(raw)
+            except InvalidOperation:
+                raise ValueError(f"slot {name}: {raw!r} is not a decimal number") from None
+            if not value.is_finite():
+                raise ValueError(f"slot {name}: {raw!r} is not a finite number")
+            if value < 0:
+                raise ValueError(f"slot {name}: {raw!r} is negative")
+            if value:
+                value = _EXACT.normalize(value)
+                exponent = value.as_tuple().exponent
+                assert isinstance(exponent, int)
+                if -exponent > _MAX_DECIMAL_PLACES or value.adjusted() >= _MAX_INTEGER_DIGITS:
+                    raise ValueError(f"slot {name}: {raw!r} is out of range")
+            items.append((name, value))
+        return cls._make(items)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("ResourceSlots is immutable")
+
+    def __reduce__(self) -> tuple[object, tuple[tuple[tuple[str, Decimal], ...]]]:
+        return (_slots_from_items, (self._items,))
+
+    def __getitem__(self, name: str) -> Decimal:
+        for slot, value in self._items:
+            if slot == name:
+                return value
+        return _ZERO
+
+    def items(self) -> tuple[tuple[str, Decimal], ...]:
+        """The non-zero slots, sorted by name."""
+        return self._items
+
+    def to_dict(self) -> dict[str, str]:
+        return {name: _decimal_text(value) for name, value in self._items}
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ResourceSlots):
+            return NotImplemented
+        return self._hash == other._hash and self._items == other._items
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"ResourceSlots({self.to_dict()!r})"
+
+    def _combine(self, other: ResourceSlots, sign: int) -> ResourceSlots:
+        acc = dict(self._items)
+        for name, value in other._items:
+            current = acc.get(name, _ZERO)
+            acc[name] = _EXACT.add(current, value) if sign > 0 else _EXACT.subtract(current, value)
+        return ResourceSlots._make(acc.items())
+
+    def __add__(self, other: ResourceSlots) -> ResourceSlots:
+        if not isinstance(other, ResourceSlots):
+            return NotImplemented
+        return self._combine(other, 1)
+
+    def __sub__(self, other: ResourceSlots) -> ResourceSlots:
+        if not isinstance(other, ResourceSlots):
+            return NotImplemented
+        return self._combine(other, -1)
+
+    def __mul__(self, factor: int) -> ResourceSlots:
+        if isinstance(factor, bool) or not isinstance(factor, int):
+            return NotImplemented
+        if factor < 0:
+            raise ValueError(f"cannot multiply resource slots by a negative number ({factor})")
+        return ResourceSlots._make(
+            (name, _EXACT.multiply(value, Decimal(factor))) for name, value in self._items
+        )
+
+    __rmul__ = __mul__
+
+    def fits_in(self, other: ResourceSlots) -> bool:
+        """True when every slot of self is <= the same slot of other."""
+        return all(self[name] <= other[name] for name in self.names() | other.names())
+
+    def names(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self._items)
+
+    def shortfall(self, free: ResourceSlots) -> dict[str, Decimal]:
+        """What is missing from ``free`` to hold self: slot -> amount, only slots that are short."""
+        missing: dict[str, Decimal] = {}
+        for name in sorted(self.names() | free.names()):
+            gap = _EXACT.subtract(self[name], free[name])
+            if gap > 0:
+                missing[name] = _EXACT.normalize(gap)
+        return missing
+
+    def dominant_share(self, total: ResourceSlots) -> Decimal:
+        """The largest ratio self[slot] / total[slot] over the slots that total has (0 if none)."""
+        best = _ZERO
+        for name, value in self._items:
+            available = total[name]
+            if available > 0:
+                best = max(best, _RATIO.divide(value, available))
+        return best
+
+    @property
+    def has_accelerator(self) -> bool:
+        """True when any slot other than cpu and mem is positive."""
+        return any(value > 0 for name, value in self._items if name not in _NON_ACCELERATOR_SLOTS)
+
+
+_ZERO_SLOTS = ResourceSlots._make(())
+
+
+def _slots_from_items(items: tuple[tuple[str, Decimal], ...]) -> ResourceSlots:
+    # A plain function for pickle: some libraries (twisted) break pickling of bound classmethods.
+    return ResourceSlots._make(items)
+
+
+# --- snapshot ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRequest:
+    kernel_id: str
+    slots: ResourceSlots
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSession:
+    """A pending session. ``attempts``: how many passes it already failed for lack of resources."""
+
+    session_id: str
+    owner_id: str
+    created_at: datetime
+    session_type: str
+    cluster_mode: str
+    kernels: tuple[KernelRequest, ...]
+    attempts: int
+    depends_on: tuple[str, ...] = ()
+    starts_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.cluster_mode not in CLUSTER_MODES:
+            raise ValueError(
+                f"session {self.session_id}: unknown cluster mode {self.cluster_mode!r}"
+            )
+        if not self.kernels:
+            raise ValueError(f"session {self.session_id} has no kernels")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    agent_id: str
+    capacity: ResourceSlots
+    occupied: ResourceSlots
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerUsage:
+    """What an owner holds now, in every resource group.
+
+    ``occupied``: slots of their sessions from SCHEDULED up to RUNNING; ``active_sessions``: their
+    non-pending, non-terminal sessions (system sessions excluded, they are counted in
+    ``active_system_sessions``); ``pending_sessions``: their PENDING sessions.
+    """
+
+    occupied: ResourceSlots
+    active_sessions: int
+    pending_sessions: int
+    active_system_sessions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A resource policy; None means unlimited. In ``total_slots`` a missing slot allows 0."""
+
+    total_slots: ResourceSlots | None
+    max_concurrent_sessions: int | None
+    max_pending_sessions: int | None
+    max_containers_per_session: int | None
+    allowed_resource_groups: frozenset[str] | None
+    max_concurrent_system_sessions: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyState:
+    """``status``: PENDING .. TERMINATED, ERROR, CANCELLED; ``result``: UNDEFINED/SUCCESS/FAILED."""
+
+    status: str
+    result: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    name: str
+    session_selection: str
+    num_retries_to_skip: int
+    agent_selection: str
+    allowed_session_types: frozenset[str]
+    pending_timeout: timedelta | None
+    roundrobin_cursor: int = 0
+
+    def __post_init__(self) -> None:
+        if self.session_selection not in SESSION_SELECTIONS:
+            raise ValueError(f"unknown session selection {self.session_selection!r}")
+        if self.agent_selection not in AGENT_SELECTIONS:
+            raise ValueError(f"unknown agent selection {self.agent_selection!r}")
+        if self.num_retries_to_skip < 0:
+            raise ValueError("num_retries_to_skip must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    group: GroupConfig
+    now: datetime
+    pending: tuple[PendingSession, ...]
+    agents: tuple[AgentState, ...]
+    usage: Mapping[str, OwnerUsage]
+    quotas: Mapping[str, Quota]
+    dependencies: Mapping[str, DependencyState]
+    default_quota: Quota
+
+
+# --- decisions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    session_id: str
+    assignments: dict[str, str]  # kernel_id -> agent_id
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    session_id: str
+    reason: str
+    counts_as_attempt: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    session_id: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Decisions:
+    """Placements in the order they were made; one Wait or Cancellation per other session."""
+
+    placements: list[Placement] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    cancellations: list[Cancellation] = field(default_factory=list)
+    roundrobin_cursor: int = 0
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+_BINARY_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def _format_amount(slot: str, value: Decimal) -> str:
+    """A slot value for people: mem in binary units when that is exact to 2 places."""
+    if slot == "mem" and value > 0:
+        for unit, label in _BINARY_UNITS:
+            if value >= unit:
+                scaled = _RATIO.divide(value, Decimal(unit))
+                exact = _RATIO.multiply(scaled, Decimal(unit)) == value
+                if exact and scaled == scaled.quantize(Decimal("0.01")):
+                    return f"{_decimal_text(scaled)} {label}"
+        return f"{_decimal_text(value)} bytes"
+    return _decimal_text(value)
+
+
+def _format_duration(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds <= 0:
+        return f"{delta.total_seconds():g}s"
+    parts = []
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m"), (1, "s")):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return " ".join(parts)
+
+
+def _short(session_id: str) -> str:
+    return session_id[:8]
+
+
+def _fifo_key(session: PendingSession) -> tuple[datetime, str]:
+    return (session.created_at, session.session_id)
+
+
+# --- one pass ---------------------------------------------------------------------------------
+
+_Vec = tuple[int, ...]
+
+
+def _scaled_int(value: Decimal, places: int) -> int:
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    number = int("".join(map(str, digits))) * int(10 ** (exponent + places))
+    return -number if sign else number
+
+
+class _Request:
+    """One session's demand in the pass's integer units."""
+
+    __slots__ = ("accel", "block", "kernels", "single")
+
+    def __init__(self, session: PendingSession, vectors: Mapping[ResourceSlots, _Vec]) -> None:
+        self.kernels: list[_Vec] = [vectors[k.slots] for k in session.kernels]
+        if len(self.kernels) == 1:
+            self.block: _Vec = self.kernels[0]
+        else:
+            self.block = tuple(map(sum, zip(*self.kernels, strict=True)))
+        self.accel = any(self.block[2:])
+        self.single = len(self.kernels) == 1 or session.cluster_mode == "single-node"
+
+
+class _Pool:
+    """Agents of one kind (CPU-only or with accelerators) sorted by (free cpu, free mem, position)."""
+
+    __slots__ = ("keys", "member")
+
+    def __init__(self, n_agents: int) -> None:
+        self.keys: list[tuple[int, int, int]] = []
+        self.member = [False] * n_agents
+
+
+class _Owner:
+    __slots__ = ("active", "active_system", "occupied", "share", "share_stale")
+
+    def __init__(self, occupied: list[int], active: int, active_system: int) -> None:
+        self.occupied = occupied
+        self.active = active
+        self.active_system = active_system
+        self.share = Fraction(0)
+        self.share_stale = True
+
+
+class _Pass:
+    """The mutable state of one scheduling pass, in integer units."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.group = snapshot.group
+        distinct: set[ResourceSlots] = set()
+        for agent in snapshot.agents:
+            distinct.add(agent.capacity)
+            distinct.add(agent.occupied)
+        for session in snapshot.pending:
+            for kernel in session.kernels:
+                distinct.add(kernel.slots)
+        for usage in snapshot.usage.values():
+            distinct.add(usage.occupied)
+        for quota in chain(snapshot.quotas.values(), (snapshot.default_quota,)):
+            if quota.total_slots is not None:
+                distinct.add(quota.total_slots)
+        places: dict[str, int] = {"cpu": 0, "mem": 0}
+        for slots in distinct:
+            for name, value in slots.items():
+                exponent = value.as_tuple().exponent
+                assert isinstance(exponent, int)
+                places[name] = max(places.get(name, 0), -exponent)
+        self.names = ["cpu", "mem", *sorted(set(places) - _NON_ACCELERATOR_SLOTS)]
+        self.places = [places[name] for name in self.names]
+        self.width = len(self.names)
+        index = {name: i for i, name in enumerate(self.names)}
+        self.vectors: dict[ResourceSlots, _Vec] = {}
+        for slots in distinct:
+            vector = [0] * self.width
+            for name, value in slots.items():
+                j = index[name]
+                vector[j] = _scaled_int(value, self.places[j])
+            self.vectors[slots] = tuple(vector)
+
+        agents = sorted(snapshot.agents, key=lambda a: a.agent_id)
+        self.agent_ids = [a.agent_id for a in agents]
+        n = len(agents)
+        self.capacity = [self.vectors[a.capacity] for a in agents]
+        # Column-major free amounts: free[j][pos].
+        self.free = [[0] * n for _ in range(self.width)]
+        for pos, agent in enumerate(agents):
+            occupied = self.vectors[agent.occupied]
+            for j in range(self.width):
+                self.free[j][pos] = self.capacity[pos][j] - occupied[j]
+        self.plain_pool = _Pool(n)
+        self.accel_pool = _Pool(n)
+        self.pool_of: list[_Pool] = []
+        for pos in range(n):
+            pool = self.accel_pool if any(self.capacity[pos][2:]) else self.plain_pool
+            pool.member[pos] = True
+            pool.keys.append((self.free[0][pos], self.free[1][pos], pos))
+            self.pool_of.append(pool)
+        self.plain_pool.keys.sort()
+        self.accel_pool.keys.sort()
+        self.cursor = self.group.roundrobin_cursor % n if n else self.group.roundrobin_cursor
+        self.total = (
+            [sum(column) for column in zip(*self.capacity, strict=True)] if n else [0] * self.width
+        )
+
+        # Memos valid for this pass only: nothing frees during a pass.
+        self.fits_nowhere: set[_Vec] = set()
+        # multi-node shape -> how many of its kernels the last spreading attempt could place
+        self.multi_failed: dict[tuple[_Vec, ...], int] = {}
+        self.fits_some_capacity: dict[_Vec, bool] = {}
+        self.last_spread_count = 0
+        self.version = 0
+        self.max_free_cache: tuple[int, list[int]] = (-1, [])
+        self.owners: dict[str, _Owner] = {}
+        self.quota_totals: dict[int, _Vec] = {}
+
+    # -- helpers --
+
+    def amount(self, j: int, value: int) -> str:
+        return _format_amount(self.names[j], Decimal(value).scaleb(-self.places[j], _EXACT))
+
+    def amount_with_slot(self, j: int, value: int) -> str:
+        return f"{self.amount(j, value)} {self.names[j]}"
+
+    def describe(self, vector: _Vec) -> str:
+        parts = [self.amount_with_slot(j, v) for j, v in enumerate(vector) if v > 0]
+        return " and ".join(parts) if parts else "nothing"
+
+    def owner(self, owner_id: str) -> _Owner:
+        state = self.owners.get(owner_id)
+        if state is None:
+            usage = self.snapshot.usage.get(owner_id)
+            if usage is None:
+                state = _Owner([0] * self.width, 0, 0)
+            else:
+                state = _Owner(
+                    list(self.vectors[usage.occupied]),
+                    usage.active_sessions,
+                    usage.active_system_sessions,
+                )
+            self.owners[owner_id] = state
+        return state
+
+    def quota(self, owner_id: str) -> Quota:
+        return self.snapshot.quotas.get(owner_id, self.snapshot.default_quota)
+
+    def dominant_share(self, owner: _Owner) -> Fraction:
+        if owner.share_stale:
+            best_num, best_den = 0, 1
+            for used, total in zip(owner.occupied, self.total, strict=True):
+                if total > 0 and used * best_den > best_num * total:
+                    best_num, best_den = used, total
+            owner.share = Fraction(best_num, best_den)
+            owner.share_stale = False
+        return owner.share
+
+    # -- order --
+
+    def sessions_in_order(self) -> Iterator[PendingSession]:
+        group = self.group
+        if group.session_selection != "drf":
+            yield from order_sessions_static(self.snapshot.pending, group)
+            return
+        queues: dict[str, deque[PendingSession]] = {}
+        for session in sorted(self.snapshot.pending, key=_fifo_key):
+            queues.setdefault(session.owner_id, deque()).append(session)
+        heap: list[tuple[Fraction, datetime, str, str]] = []
+        for owner_id, queue in queues.items():
+            head = queue[0]
+            share = self.dominant_share(self.owner(owner_id))
+            heap.append((share, head.created_at, head.session_id, owner_id))
+        heapq.heapify(heap)
+        while heap:
+            owner_id = heapq.heappop(heap)[3]
+            queue = queues[owner_id]
+            yield queue.popleft()
+            if queue:
+                head = queue[0]
+                share = self.dominant_share(self.owner(owner_id))
+                heapq.heappush(heap, (share, head.created_at, head.session_id, owner_id))
+
+    # -- checks --
+
+    def check(self, session: PendingSession, request: _Request) -> Wait | Cancellation | None:
+        group = self.group
+        sid = session.session_id
+        if session.session_type not in group.allowed_session_types:
+            return Wait(
+                sid,
+                f"session type {session.session_type} is not allowed in resource group {group.name}",
+                False,
+            )
+        quota = self.quota(session.owner_id)
+        if quota.allowed_resource_groups is not None and (
+            group.name not in quota.allowed_resource_groups
+        ):
+            return Wait(
+                sid, f"quota: resource group {group.name} is not allowed for this user", False
+            )
+        if session.depends_on:
+            verdict = self.check_dependencies(session)
+            if verdict is not None:
+                return verdict
+        now = self.snapshot.now
+        if session.starts_at is not None and session.starts_at > now:
+            return Wait(sid, f"starts at {session.starts_at.isoformat()}", False)
+        if group.pending_timeout is not None:
+            since = session.created_at
+            if session.starts_at is not None and session.starts_at > since:
+                since = session.starts_at
+            if now - since > group.pending_timeout:
+                return Cancellation(
+                    sid,
+                    f"pending timeout: waited longer than {_format_duration(group.pending_timeout)}",
+                )
+        return self.check_quota(session, request, quota)
+
+    def check_dependencies(self, session: PendingSession) -> Wait | Cancellation | None:
+        waiting: list[str] = []
+        for dep_id in session.depends_on:
+            dep = self.snapshot.dependencies.get(dep_id)
+            sid = session.session_id
+            if dep is None:
+                return Cancellation(sid, f"dependency {_short(dep_id)} does not exist")
+            if dep.result == "SUCCESS":
+                continue
+            if dep.result == "FAILED":
+                return Cancellation(sid, f"dependency {_short(dep_id)} ended FAILED")
+            if dep.status in ("ERROR", "CANCELLED"):
+                return Cancellation(sid, f"dependency {_short(dep_id)} ended {dep.status}")
+            if dep.status == "TERMINATED":
+                return Cancellation(
+                    sid, f"dependency {_short(dep_id)} ended without success (result {dep.result})"
+                )
+            waiting.append(_short(dep_id))
+        if waiting:
+            return Wait(
+                session.session_id, f"waiting for dependencies: {', '.join(waiting)}", False
+            )
+        return None
+
+    def check_quota(self, session: PendingSession, request: _Request, quota: Quota) -> Wait | None:
+        sid = session.session_id
+        size = len(session.kernels)
+        limit = quota.max_containers_per_session
+        if limit is not None and size > limit:
+            return Wait(
+                sid,
+                f"quota: cluster of {size} containers; at most {limit} allowed per session",
+                False,
+            )
+        owner = self.owner(session.owner_id)
+        if session.session_type == SYSTEM_SESSION_TYPE:
+            limit = quota.max_concurrent_system_sessions
+            if limit is not None and owner.active_system >= limit:
+                return Wait(
+                    sid,
+                    f"quota: {limit} concurrent system sessions allowed; {owner.active_system} already active",
+                    False,
+                )
+            return None
+        limit = quota.max_concurrent_sessions
+        if limit is not None and owner.active >= limit:
+            return Wait(
+                sid,
+                f"quota: {limit} concurrent sessions allowed; {owner.active} already active",
+                False,
+            )
+        if quota.total_slots is not None:
+            allowed = self.quota_totals.get(id(quota))
+            if allowed is None:
+                allowed = self.vectors[quota.total_slots]
+                self.quota_totals[id(quota)] = allowed
+            for j, wanted in enumerate(request.block):
+                if wanted > 0 and owner.occupied[j] + wanted > allowed[j]:
+                    would = owner.occupied[j] + wanted
+                    return Wait(
+                        sid,
+                        f"quota: total {self.names[j]} would be {self.amount(j, would)} of "
+                        f"{self.amount(j, allowed[j])} allowed "
+                        f"({self.amount(j, would - allowed[j])} over)",
+                        False,
+                    )
+        return None
+
+    def commit(self, session: PendingSession, request: _Request) -> None:
+        owner = self.owner(session.owner_id)
+        if session.session_type == SYSTEM_SESSION_TYPE:
+            owner.active_system += 1
+        else:
+            owner.active += 1
+        for j, amount in enumerate(request.block):
+            if amount:
+                owner.occupied[j] += amount
+        owner.share_stale = True
+
+    # -- placement --
+
+    def find(self, vector: _Vec, pool: _Pool) -> int:
+        """The position of the agent the group's policy picks in pool for vector, or -1."""
+        keys = pool.keys
+        n = len(keys)
+        if not n:
+            return -1
+        cpu, mem = vector[0], vector[1]
+        if keys[-1][0] < cpu:
+            return -1
+        extras = [(j, a) for j in range(2, self.width) if (a := vector[j]) > 0]
+        free = self.free
+        policy = self.group.agent_selection
+        if policy == "concentrated":
+            i = bisect_left(keys, (cpu, mem))
+            while i < n:
+                key = keys[i]
+                if key[1] >= mem:
+                    pos = key[2]
+                    if not extras or all(free[j][pos] >= a for j, a in extras):
+                        return pos
+                i += 1
+            return -1
+        if policy == "dispersed":
+            lowest = bisect_left(keys, (cpu,))
+            i = n - 1
+            while i >= lowest:
+                key = keys[i]
+                if key[1] >= mem:
+                    pos = key[2]
+                    if not extras or all(free[j][pos] >= a for j, a in extras):
+                        return pos
+                i -= 1
+            return -1
+        # roundrobin: the first fitting agent at or after the cursor, in agent_id order.
+        member = pool.member
+        free_cpu, free_mem = free[0], free[1]
+        total = len(self.agent_ids)
+        for pos in chain(range(self.cursor, total), range(self.cursor)):
+            if (
+                member[pos]
+                and free_cpu[pos] >= cpu
+                and free_mem[pos] >= mem
+                and (not extras or all(free[j][pos] >= a for j, a in extras))
+            ):
+                return pos
+        return -1
+
+    def take(self, pos: int, vector: _Vec, sign: int = 1) -> None:
+        keys = self.pool_of[pos].keys
+        free = self.free
+        del keys[bisect_left(keys, (free[0][pos], free[1][pos], pos))]
+        for j, amount in enumerate(vector):
+            if amount:
+                free[j][pos] -= sign * amount
+        insort(keys, (free[0][pos], free[1][pos], pos))
+        self.version += 1
+        if sign > 0 and self.group.agent_selection == "roundrobin":
+            self.cursor = (pos + 1) % len(self.agent_ids)
+
+    def find_in(self, vector: _Vec, pools: Sequence[_Pool]) -> int:
+        for pool in pools:
+            pos = self.find(vector, pool)
+            if pos >= 0:
+                return pos
+        return -1
+
+    def place(self, session: PendingSession, request: _Request) -> dict[str, str] | None:
+        """Place every kernel of session or none; on success the agents' free slots are taken."""
+        if not self.agent_ids:
+            return None
+        plain, accel = self.plain_pool, self.accel_pool
+        block = request.block
+        if request.single:
+            if block in self.fits_nowhere:
+                return None
+            pos = self.find_in(block, (accel,) if request.accel else (plain, accel))
+            if pos < 0:
+                self.fits_nowhere.add(block)
+                return None
+            self.take(pos, block)
+            agent_id = self.agent_ids[pos]
+            return {kernel.kernel_id: agent_id for kernel in session.kernels}
+        shape = tuple(sorted(request.kernels))
+        placed_before = self.multi_failed.get(shape)
+        if placed_before is not None:
+            self.last_spread_count = placed_before
+            return None
+        stages: list[tuple[bool, tuple[_Pool, ...]]]
+        if request.accel:
+            stages = [(True, (accel,)), (False, (plain, accel))]
+        else:
+            stages = [(True, (plain,)), (False, (plain,))]
+            if accel.keys:
+                stages += [(True, (accel,)), (False, (plain, accel))]
+        for whole, pools in stages:
+            if whole:
+                if block in self.fits_nowhere:
+                    continue
+                pos = self.find_in(block, pools)
+                if pos >= 0:
+                    self.take(pos, block)
+                    agent_id = self.agent_ids[pos]
+                    return {kernel.kernel_id: agent_id for kernel in session.kernels}
+            else:
+                assignments = self.spread(session, request, pools)
+                if assignments is not None:
+                    return assignments
+        # Every whole-block stage failed, and together they covered every agent that could hold it.
+        self.fits_nowhere.add(block)
+        self.multi_failed[shape] = self.last_spread_count
+        return None
+
+    def spread(
+        self, session: PendingSession, request: _Request, pools: tuple[_Pool, ...]
+    ) -> dict[str, str] | None:
+        """Kernel by kernel, largest first, on any agents of pools; all or none."""
+        order = sorted(range(len(request.kernels)), key=lambda i: request.kernels[i], reverse=True)
+        taken: list[tuple[int, _Vec]] = []
+        assignments: dict[str, str] = {}
+        accel_only = (self.accel_pool,)
+        cursor = self.cursor
+        for i in order:
+            vector = request.kernels[i]
+            pos = -1
+            if vector not in self.fits_nowhere:
+                pos = self.find_in(vector, accel_only if any(vector[2:]) else pools)
+            if pos < 0:
+                self.last_spread_count = len(taken)
+                for undo_pos, undo_vector in reversed(taken):
+                    self.take(undo_pos, undo_vector, sign=-1)
+                self.cursor = cursor
+                return None
+            self.take(pos, vector)
+            taken.append((pos, vector))
+            assignments[session.kernels[i].kernel_id] = self.agent_ids[pos]
+        return assignments
+
+    # -- reasons --
+
+    def max_free(self) -> list[int]:
+        version, values = self.max_free_cache
+        if version != self.version:
+            values = [max(column) for column in self.free]
+            self.max_free_cache = (self.version, values)
+        return values
+
+    def fits_any_capacity(self, vector: _Vec) -> bool:
+        known = self.fits_some_capacity.get(vector)
+        if known is None:
+            known = any(
+                all(c >= v for c, v in zip(cap, vector, strict=True)) for cap in self.capacity
+            )
+            self.fits_some_capacity[vector] = known
+        return known
+
+    def shortage(self, session: PendingSession, request: _Request) -> tuple[str, bool]:
+        """Why session did not fit, and whether that should block the sessions behind it (FIFO)."""
+        group = self.group.name
+        if not self.agent_ids:
+            return f"no agent alive in resource group {group}", False
+        size = len(request.kernels)
+        cluster_block = request.single and size > 1
+        if cluster_block:
+            vectors = [request.block]
+            prefix, where = f"single-node cluster of {size} needs ", " on one agent"
+        else:
+            vectors = request.kernels
+            prefix, where = "needs ", " per container"
+            if size > 1:
+                prefix = f"multi-node cluster of {size} needs "
+        for vector in vectors:
+            if not self.fits_any_capacity(vector):
+                biggest = [max(column) for column in zip(*self.capacity, strict=True)]
+                for j, wanted in enumerate(vector):
+                    if wanted > biggest[j]:
+                        if biggest[j] <= 0:
+                            tail = f"no agent in resource group {group} has {self.names[j]}"
+                        else:
+                            tail = f"the largest agent in resource group {group} has {self.amount(j, biggest[j])}"
+                        return f"{prefix}{self.amount_with_slot(j, wanted)}{where}; {tail}", False
+                reason = f"{prefix}{self.describe(vector)}{where}; no agent in resource group {group} is big enough"
+                return reason, False
+        largest = self.max_free()
+        for vector in vectors:
+            for j, wanted in enumerate(vector):
+                if wanted > largest[j]:
+                    label = "largest free" if cluster_block else "largest free on an agent"
+                    reason = (
+                        f"{prefix}{self.amount_with_slot(j, wanted)}{where}; "
+                        f"{label}: {self.amount(j, max(largest[j], 0))}"
+                    )
+                    return reason, True
+        if size > 1 and not request.single:
+            reason = (
+                f"{prefix}{self.describe(vectors[0])}{where}; only {self.last_spread_count} of "
+                f"{size} containers fit on the free agents at once"
+            )
+            return reason, True
+        return f"{prefix}{self.describe(vectors[0])}{where}; no agent has all of it free", True
+
+
+# --- public pieces ----------------------------------------------------------------------------
+
+
+def order_sessions_static(
+    pending: Sequence[PendingSession], group: GroupConfig
+) -> list[PendingSession]:
+    """FIFO (with HoL avoidance) or LIFO order; DRF falls back to FIFO here (see order_sessions)."""
+    if group.session_selection == "lifo":
+        return sorted(pending, key=_fifo_key, reverse=True)
+    ordered = sorted(pending, key=_fifo_key)
+    skip = group.num_retries_to_skip
+    if group.session_selection == "fifo" and skip > 0:
+        fresh = [s for s in ordered if s.attempts <= skip]
+        stale = [s for s in ordered if s.attempts > skip]
+        return fresh + stale
+    return ordered
+
+
+def order_sessions(snapshot: Snapshot) -> list[PendingSession]:
+    """The order in which `schedule` considers the pending sessions if none of them gets placed.
+
+    For FIFO and LIFO this is the order of the pass. For DRF, placements change the owners' shares,
+    so `schedule` re-evaluates after each one; without placements the smallest share's owner
+    comes first with all of their sessions (FIFO), then the next owner.
+    """
+    return list(_Pass(snapshot).sessions_in_order())
+
+
+def check_session(snapshot: Snapshot, session: PendingSession) -> Wait | Cancellation | None:
+    """The checks before placement (type, resource group, dependencies, start time, pending
+    timeout, quota), against the snapshot as it is: the first failing check's decision, or None."""
+    state = _Pass(snapshot)
+    return state.check(session, _Request(session, state.vectors))
+
+
+def place_kernels(
+    session: PendingSession,
+    agents: Sequence[AgentState],
+    agent_selection: str,
+    roundrobin_cursor: int = 0,
+) -> dict[str, str] | None:
+    """Where the kernels of session go on agents (kernel_id -> agent_id), or None if not all fit."""
+    group = GroupConfig(
+        name="",
+        session_selection="fifo",
+        num_retries_to_skip=0,
+        agent_selection=agent_selection,
+        allowed_session_types=frozenset({session.session_type}),
+        pending_timeout=None,
+        roundrobin_cursor=roundrobin_cursor,
+    )
+    snapshot = Snapshot(
+        group=group,
+        now=session.created_at,
+        pending=(session,),
+        agents=tuple(agents),
+        usage={},
+        quotas={},
+        dependencies={},
+        default_quota=Quota(None, None, None, None, None),
+    )
+    state = _Pass(snapshot)
+    return state.place(session, _Request(session, state.vectors))
+
+
+def schedule(snapshot: Snapshot) -> Decisions:
+    """One scheduling pass over a resource group; see the module docstring for the rules."""
+    state = _Pass(snapshot)
+    decisions = Decisions()
+    hol_blocking = snapshot.group.session_selection == "fifo"
+    blocked_by: str | None = None
+    for session in state.sessions_in_order():
+        request = _Request(session, state.vectors)
+        verdict = state.check(session, request)
+        if isinstance(verdict, Cancellation):
+            decisions.cancellations.append(verdict)
+            continue
+        if verdict is not None:
+            decisions.waits.append(verdict)
+            continue
+        if blocked_by is not None:
+            decisions.waits.append(
+                Wait(
+                    session.session_id,
+                    f"queued behind session {_short(blocked_by)} which waits for resources",
+                    False,
+                )
+            )
+            continue
+        assignments = state.place(session, request)
+        if assignments is not None:
+            state.commit(session, request)
+            decisions.placements.append(Placement(session.session_id, assignments))
+            continue
+        reason, blocking = state.shortage(session, request)
+        decisions.waits.append(Wait(session.session_id, reason, True))
+        if hol_blocking and blocking:
+            blocked_by = session.session_id
+    decisions.roundrobin_cursor = state.cursor
+    return decisions

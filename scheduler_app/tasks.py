@@ -71,5 +71,7 @@ def sweep_lost_agents() -> None:
 
 @shared_task(name="scheduler_app.tasks.sweep_timeouts", ignore_result=True)
 def sweep_timeouts() -> None:
-    """Idle, lifetime and batch timeouts (filled in by the time-and-policy work)."""
-    return None
+    """End sessions past their idle timeout, lifetime limit or batch timeout."""
+    from . import sweeps
+
+    sweeps.sweep_timeouts()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import authenticate
+from django.utils import timezone
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -16,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import selectors, services
+from . import deadlines, selectors, services
 from .errors import ApplicationError, InvalidInput, NotFound
 from .models import Kernel, Session, SessionTemplate
 from .templates import export_template_document, parse_template_document
@@ -27,7 +28,10 @@ MAX_LIST = 500
 def _touch(session: Session, request: Request) -> None:
     # API calls about a session count as activity (idle timeout) when made by its owner.
     if session.owner_id == request.user.pk:
-        services.session_touch(session_id=session.pk)
+        now = timezone.now()
+        services.session_touch(session_id=session.pk, now=now)
+        if not session.is_terminal:
+            session.last_activity_at = now  # so the response shows the moved idle deadline
 
 
 def _refuse_unknown_fields(request: Request, serializer: type[serializers.Serializer]) -> None:
@@ -113,6 +117,10 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     mounts = serializers.SerializerMethodField()
     depends_on = serializers.SerializerMethodField()
     kernels = KernelOutputSerializer(many=True)
+    idle_deadline = serializers.SerializerMethodField()
+    lifetime_deadline = serializers.SerializerMethodField()
+    batch_deadline = serializers.SerializerMethodField()
+    seconds_left = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -143,6 +151,10 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "started_at",
             "terminated_at",
             "last_activity_at",
+            "idle_deadline",
+            "lifetime_deadline",
+            "batch_deadline",
+            "seconds_left",
             "kernels",
         ]
 
@@ -152,6 +164,35 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     def get_depends_on(self, obj: Session) -> list[str]:
         # .all(), not values_list(): the list view prefetches depends_on.
         return [str(dep.pk) for dep in obj.depends_on.all()]
+
+    def _deadlines(self, obj: Session) -> deadlines.Deadlines:
+        if not hasattr(obj, "_deadlines"):
+            # One policy query per owner per response (context is shared by a list).
+            policies = self.context.setdefault("owner_policies", {})
+            if obj.owner_id not in policies:
+                policies[obj.owner_id] = deadlines.owner_policy(owner_id=obj.owner_id)
+            main = next((k for k in obj.kernels.all() if k.cluster_role == "main"), None)
+            obj._deadlines = deadlines.session_deadlines(
+                session=obj,
+                policy=policies[obj.owner_id],
+                main_started_at=main.started_at if main else None,
+            )
+        return obj._deadlines
+
+    def _iso(self, value: Any) -> str | None:
+        return serializers.DateTimeField().to_representation(value) if value else None
+
+    def get_idle_deadline(self, obj: Session) -> str | None:
+        return self._iso(self._deadlines(obj).idle)
+
+    def get_lifetime_deadline(self, obj: Session) -> str | None:
+        return self._iso(self._deadlines(obj).lifetime)
+
+    def get_batch_deadline(self, obj: Session) -> str | None:
+        return self._iso(self._deadlines(obj).batch)
+
+    def get_seconds_left(self, obj: Session) -> int | None:
+        return self._deadlines(obj).seconds_left(timezone.now())
 
 
 class EventOutputSerializer(serializers.Serializer):

@@ -652,6 +652,10 @@ def session_sync_status(*, session: Session, reason: str) -> Session:
         # Resources were freed, and dependents (in any group) may now start
         # or must be cancelled: ask for a pass everywhere.
         request_scheduling(group_id=None)
+    if session.status in TERMINAL or session.status == Status.TERMINATING:
+        # Ending (a batch result is known once main1 exits): dependents that
+        # can never start are cancelled now, not at the next pass.
+        session_cancel_dependents(session=session)
     return session
 
 
@@ -685,11 +689,60 @@ def session_terminate(*, session: Session, reason: str) -> Session:
                 if kernel.status == Status.PENDING:
                     kernel.mark_cancelled(reason)
             session.mark_cancelled(reason)
+            session_cancel_dependents(session=session)
             # group None: every group, since dependents may wait anywhere.
             request_scheduling(group_id=None)
             return session
         _destroy_live_kernels(session=session, kernels=kernels, reason=reason)
         return session_sync_status(session=session, reason=reason)
+
+
+def session_cancel_dependents(*, session: Session) -> list[Session]:
+    """Cancel, transitively, the pending sessions waiting on ``session`` once
+    it can no longer end with SUCCESS; each reason names the dependency and why
+    (``dependency B cancelled: dependency A ended FAILED (exit code 1)``).
+
+    Idempotent, and a no-op while ``session`` may still succeed. Runs in the
+    caller's transaction; the scheduler's dependency check is the backstop.
+    """
+    cancelled: list[Session] = []
+    with transaction.atomic():
+        queue, seen = deque([session]), {session.pk}
+        while queue:
+            dependency = Session.objects.get(pk=queue.popleft().pk)
+            outcome = _failed_dependency_outcome(dependency)
+            if outcome is None:
+                continue
+            reason = f"dependency {dependency.name} {outcome}"
+            waiting = dependency.dependents.select_for_update(of=("self",)).filter(
+                status=Status.PENDING
+            )
+            for dependent in waiting.order_by("created_at"):
+                for kernel in dependent.kernels.filter(status=Status.PENDING):
+                    kernel.mark_cancelled(reason)
+                if dependent.mark_cancelled(reason) and dependent.pk not in seen:
+                    seen.add(dependent.pk)
+                    cancelled.append(dependent)
+                    queue.append(dependent)
+    return cancelled
+
+
+def _failed_dependency_outcome(session: Session) -> str | None:
+    """How a session ended, worded for its dependents; None if it may still succeed."""
+    if session.result == Result.SUCCESS:
+        return None
+    if session.result == Result.FAILED:
+        detail = (
+            f"exit code {session.exit_code}"
+            if session.exit_code is not None
+            else session.status_reason
+        )
+        return f"ended FAILED ({detail})"
+    if session.status == Status.CANCELLED:
+        return f"cancelled: {session.status_reason}"
+    if session.status in TERMINAL:
+        return f"ended {session.status} without success: {session.status_reason}"
+    return None
 
 
 def kernel_apply_report(*, kernel: Kernel, report: dict[str, Any]) -> None:

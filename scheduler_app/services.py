@@ -33,7 +33,7 @@ from sessions_app.models import (
     Status,
     hash_token,
 )
-from sessions_app.slots import to_strings
+from sessions_app.slots import from_strings, shortfall, to_strings
 
 from . import policy, selectors
 
@@ -193,12 +193,22 @@ def _apply_waits(
     result.waiting = len(waits)
 
 
+class Oversubscribed(RuntimeError):
+    """A pass would commit more than an agent holds; the pass rolls back."""
+
+
 def _store_occupancy(agent_ids: set[str]) -> None:
-    """Keep Agent.occupied_slots (shown in admin and the API) equal to the derived value."""
+    """Re-check capacity at commit and keep Agent.occupied_slots (shown in
+    admin and the API) equal to the value derived from the kernels."""
     occupied = selectors.agent_occupancy(agent_ids=list(agent_ids))
     agents = list(Agent.objects.filter(pk__in=agent_ids))
     for agent in agents:
-        agent.occupied_slots = to_strings(occupied.get(agent.pk, {}))
+        held = occupied.get(agent.pk, {})
+        capacity = from_strings(agent.capacity_slots or {})
+        over = shortfall(held, capacity)
+        if over:
+            raise Oversubscribed(f"agent {agent.pk} would hold {held} of {capacity}; rolled back")
+        agent.occupied_slots = to_strings(held)
     Agent.objects.bulk_update(agents, ["occupied_slots"], batch_size=500)
 
 

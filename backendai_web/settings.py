@@ -103,7 +103,11 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [
+    BASE_DIR / "static",
+    # xterm.js and its fit addon come from npm (package.json), never committed.
+    ("vendor/xterm", BASE_DIR / "node_modules" / "@xterm"),
+]
 WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in a checkout
 WHITENOISE_AUTOREFRESH = DEBUG
 STORAGES = {

@@ -1,45 +1,521 @@
-"""Browser websockets: live session status (logs and terminal join later)."""
+"""Browser websockets: live session status, kernel logs, the web terminal.
+
+Every consumer checks login and ownership once, in ``connect()``, through the
+one selector (``get_session_for_user``: admins may attach to any session, other
+users' sessions are simply not found). A refusal accepts the socket first and
+sends ``{"type": "error", "code", "message"}`` before closing with that code,
+so the page can say why (a close during the handshake reaches the browser as a
+bare 1006). Close codes:
+
+- 4400 bad input (a malformed message or parameter)
+- 4401 not logged in
+- 4404 no such session or kernel, or not yours (ids do not leak)
+- 4409 the session is not running yet (the page retries)
+- 4410 the session has ended
+
+The terminal's hot path (input → agent, output → browser) touches no database:
+the agent's group and the terminal id are fixed at connect time.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
+import uuid
 from typing import Any
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
 
 from agent import protocol
 
+from . import selectors, services
+from .errors import NotFound
+from .models import TERMINAL, AgentStatus, Kernel, Session, Status
+
 logger = logging.getLogger(__name__)
 
+CLOSE_BAD_INPUT = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+CLOSE_NOT_READY = 4409
 CLOSE_GONE = 4410
-CLOSE_BAD_INPUT = 4400
+
+# An open terminal or log stream counts as activity (idle timeout): touch the
+# session this often while it is open, and at most this often on input.
+TOUCH_EVERY = 30.0
+TOUCH_INPUT_THROTTLE = 5.0
+LOG_TAIL_BYTES = 64 * 1024
+MAX_TERM_SIZE = 1000
 
 
-class SessionsConsumer(AsyncJsonWebsocketConsumer):
-    """Pushes ``{"type": "sessions.changed", "sessions": [...]}`` for the user's sessions."""
+def _user(scope: dict[str, Any]) -> Any:
+    user = scope.get("user")
+    if user is None or not user.is_authenticated:
+        return None
+    return user
 
-    groups: list[str] = []
+
+class _Refusing:
+    """Accept, explain, close: the browser sees both the code and the reason."""
+
+    async def refuse(self, code: int, message: str) -> None:
+        if not getattr(self, "_accepted", False):
+            await self.accept()  # type: ignore[attr-defined]
+        await self.send(text_data=json.dumps({"type": "error", "code": code, "message": message}))  # type: ignore[attr-defined]
+        await self.close(code=code)  # type: ignore[attr-defined]
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        self._accepted = True
+        await super().accept(subprotocol)  # type: ignore[misc]
+
+
+class SessionsConsumer(_Refusing, AsyncJsonWebsocketConsumer):
+    """Pushes ``{"type": "sessions.changed", "sessions": [{id, kernel, status, reason}]}``
+    for the user's own sessions (``live.session_changed``)."""
+
+    group: str | None = None
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        user = _user(self.scope)
+        if user is None:
+            await self.refuse(CLOSE_UNAUTHENTICATED, "Log in to follow your sessions.")
             return
         self.group = protocol.user_group(user.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        if hasattr(self, "group"):
+        if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # Nothing to ask of this stream; keep-alive pings are answered.
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
+        else:
+            await self.send_json({"type": "error", "message": "only ping is understood here"})
+
+    async def decode_json(self, text_data: str) -> Any:
+        try:
+            return json.loads(text_data)
+        except ValueError:
+            return None
 
     async def sessions_changed(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "sessions.changed", "sessions": event["sessions"]})
+
+
+# --- shared checks ---------------------------------------------------------
+
+
+def _load_session(user: Any, session_id: str) -> Session:
+    return selectors.get_session_for_user(user=user, session_id=session_id)
+
+
+def _load_kernel(user: Any, session_id: str, kernel_ref: str) -> Kernel:
+    kernel = selectors.get_kernel_for_user(user=user, session_id=session_id, kernel_ref=kernel_ref)
+    kernel.session  # noqa: B018 - load it here, not on the event loop
+    return kernel
+
+
+class _Toucher:
+    """Counts an open stream as activity on its session (idle timeout)."""
+
+    session_id: str | None = None
+    _touch_task: asyncio.Task[None] | None = None
+    _last_touch: float = 0.0
+    _touch_owner: bool = False
+
+    def start_touching(self, session: Session, user: Any) -> None:
+        # An admin looking in is not the owner's activity.
+        self._touch_owner = session.owner_id == user.pk
+        self.session_id = str(session.pk)
+        if self._touch_owner:
+            self._touch_task = asyncio.create_task(self._touch_loop())
+
+    async def _touch_loop(self) -> None:
+        while True:
+            await self._touch()
+            await asyncio.sleep(TOUCH_EVERY)
+
+    async def _touch(self) -> None:
+        self._last_touch = time.monotonic()
+        try:
+            await database_sync_to_async(services.session_touch)(session_id=self.session_id)
+        except Exception:  # noqa: BLE001 - activity is best effort; never kill the stream
+            logger.warning("touching session %s failed", self.session_id, exc_info=True)
+
+    def touch_soon(self) -> None:
+        """On input: at most once per TOUCH_INPUT_THROTTLE, off the hot path."""
+        if self._touch_owner and time.monotonic() - self._last_touch >= TOUCH_INPUT_THROTTLE:
+            self._last_touch = time.monotonic()
+            asyncio.get_running_loop().create_task(self._touch())
+
+    def stop_touching(self) -> None:
+        if self._touch_task is not None:
+            self._touch_task.cancel()
+            self._touch_task = None
+
+
+# --- logs ------------------------------------------------------------------
+
+
+class KernelLogsConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
+    """``/ws/sessions/<session_id>/kernels/<hostname-or-id>/logs/``.
+
+    To the browser: ``{"type": "state", "live": bool, "kernel", "status", "message"}``
+    first; then ``{"type": "chunk", "data"}`` as the container writes; for an ended
+    kernel (or one without a live agent) the kept tail as one chunk and then
+    ``{"type": "ended", "status", "reason"}``. The browser sends nothing but pings.
+    """
+
+    stream_id: str | None = None
+    agent_group: str | None = None
+    owner_group: str | None = None
+    kernel_hostname: str = ""
+
+    async def connect(self) -> None:
+        user = _user(self.scope)
+        if user is None:
+            await self.refuse(CLOSE_UNAUTHENTICATED, "Log in to read logs.")
+            return
+        kwargs = self.scope["url_route"]["kwargs"]
+        try:
+            kernel = await database_sync_to_async(_load_kernel)(
+                user, kwargs["session_id"], kwargs["kernel_ref"]
+            )
+        except NotFound as exc:
+            await self.refuse(CLOSE_NOT_FOUND, exc.message)
+            return
+        session = kernel.session
+        self.session_id = str(session.pk)
+        self.kernel_hostname = kernel.cluster_hostname
+        agent_alive = (
+            kernel.agent_id is not None
+            and await database_sync_to_async(lambda: kernel.agent.status == AgentStatus.ALIVE)()
+        )
+        await self.accept()
+        if kernel.status in TERMINAL or not agent_alive or kernel.status == Status.PENDING:
+            await self._send_kept(kernel)
+            await self.close()
+            return
+        self.stream_id = uuid.uuid4().hex
+        self.agent_group = protocol.agent_group(kernel.agent_id)
+        self.kernel_id = str(kernel.pk)
+        await self.channel_layer.group_add(
+            protocol.log_stream_group(self.stream_id), self.channel_name
+        )
+        # The owner's status pushes tell this stream when its kernel ends.
+        self.owner_group = protocol.user_group(session.owner_id)
+        await self.channel_layer.group_add(self.owner_group, self.channel_name)
+        await self._send_json(
+            {
+                "type": "state",
+                "live": True,
+                "kernel": kernel.cluster_hostname,
+                "status": kernel.status,
+                "message": f"following {kernel.cluster_hostname} live",
+            }
+        )
+        await self.channel_layer.group_send(
+            self.agent_group,
+            {
+                "type": "agent.command",
+                "command": {
+                    "type": protocol.LOGS_FOLLOW,
+                    "kernel_id": self.kernel_id,
+                    "stream_id": self.stream_id,
+                    "tail": LOG_TAIL_BYTES,
+                },
+            },
+        )
+        self.start_touching(session, user)
+        logger.info("logs of kernel %s followed by user %s", kernel.pk, user.pk)
+
+    async def _send_kept(self, kernel: Kernel) -> None:
+        if kernel.status == Status.PENDING or kernel.agent_id is None and not kernel.is_terminal:
+            message = f"{kernel.cluster_hostname} has not started yet ({kernel.status})"
+        elif kernel.is_terminal:
+            message = f"{kernel.cluster_hostname} has ended; this is the kept tail of its log"
+        else:
+            message = (
+                f"the agent of {kernel.cluster_hostname} is not connected; this is the kept tail"
+            )
+        await self._send_json(
+            {
+                "type": "state",
+                "live": False,
+                "kernel": kernel.cluster_hostname,
+                "status": kernel.status,
+                "message": message,
+            }
+        )
+        if kernel.log_tail:
+            await self._send_json({"type": "chunk", "data": kernel.log_tail})
+        await self._send_json(
+            {"type": "ended", "status": kernel.status, "reason": kernel.status_reason or message}
+        )
+
+    async def disconnect(self, code: int) -> None:
+        self.stop_touching()
+        if self.stream_id is not None:
+            await self.channel_layer.group_send(
+                self.agent_group,
+                {
+                    "type": "agent.command",
+                    "command": {"type": protocol.LOGS_STOP, "stream_id": self.stream_id},
+                },
+            )
+            await self.channel_layer.group_discard(
+                protocol.log_stream_group(self.stream_id), self.channel_name
+            )
+            self.stream_id = None
+        if self.owner_group is not None:
+            await self.channel_layer.group_discard(self.owner_group, self.channel_name)
+            self.owner_group = None
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        message = _parse(text_data)
+        if message is not None and message.get("type") == "ping":
+            await self._send_json({"type": "pong"})
+        else:
+            await self._send_json({"type": "error", "message": "only ping is understood here"})
+
+    async def _send_json(self, content: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(content))
+
+    async def logs_chunk(self, event: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps({"type": "chunk", "data": event.get("data", "")}))
+
+    async def sessions_changed(self, event: dict[str, Any]) -> None:
+        for item in event.get("sessions") or []:
+            if (
+                item.get("id") == self.session_id
+                and item.get("kernel") == self.kernel_hostname
+                and item.get("status") in TERMINAL
+            ):
+                await self._send_json(
+                    {"type": "ended", "status": item["status"], "reason": item.get("reason", "")}
+                )
+
+
+# --- terminal --------------------------------------------------------------
+
+
+def _parse(text_data: str | None) -> dict[str, Any] | None:
+    if text_data is None:
+        return None
+    try:
+        message = json.loads(text_data)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _term_size(message: dict[str, Any]) -> tuple[int, int] | None:
+    cols, rows = message.get("cols"), message.get("rows")
+    for value in (cols, rows):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        if not 1 <= value <= MAX_TERM_SIZE:
+            return None
+    return cols, rows  # type: ignore[return-value]
+
+
+def _query(scope: dict[str, Any]) -> dict[str, str]:
+    from urllib.parse import parse_qsl
+
+    raw = scope.get("query_string", b"").decode("latin-1")
+    return dict(parse_qsl(raw, keep_blank_values=True))
+
+
+class TerminalConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
+    """``/ws/sessions/<session_id>/terminal/?term=<uuid>&cols=80&rows=24``: a shell in main1.
+
+    ``term`` is the browser tab's stable id (kept in its sessionStorage): the
+    same id re-attaches to the same shell, which the agent keeps for a grace
+    period after a disconnect (``term_detach``).
+
+    Browser → server: ``{"type": "input", "data"}``, ``{"type": "resize", "cols", "rows"}``,
+    ``{"type": "close"}`` (end the shell), ``{"type": "ping"}``.
+    Server → browser: ``{"type": "ready", "term"}``, ``{"type": "output", "data"}``,
+    ``{"type": "closed", "reason"}``, ``{"type": "error", "message"}``.
+    """
+
+    term_id: str | None = None
+    agent_group: str | None = None
+    closed_by_agent = False
+
+    async def connect(self) -> None:
+        user = _user(self.scope)
+        if user is None:
+            await self.refuse(CLOSE_UNAUTHENTICATED, "Log in to open a terminal.")
+            return
+        session_id = self.scope["url_route"]["kwargs"]["session_id"]
+        query = _query(self.scope)
+        try:
+            tab = uuid.UUID(query["term"]) if query.get("term") else uuid.uuid4()
+        except ValueError:
+            await self.refuse(CLOSE_BAD_INPUT, "term must be a UUID.")
+            return
+        size = _term_size(
+            {
+                "cols": _int_or_none(query.get("cols", "80")),
+                "rows": _int_or_none(query.get("rows", "24")),
+            }
+        )
+        if size is None:
+            await self.refuse(CLOSE_BAD_INPUT, f"cols and rows must be 1..{MAX_TERM_SIZE}.")
+            return
+        try:
+            session, main = await database_sync_to_async(_load_terminal_target)(user, session_id)
+        except NotFound as exc:
+            await self.refuse(CLOSE_NOT_FOUND, exc.message)
+            return
+        if session.status in TERMINAL:
+            await self.refuse(
+                CLOSE_GONE,
+                f"The session has ended ({session.status}: {session.status_reason}).",
+            )
+            return
+        if session.status != Status.RUNNING or main.agent_id is None:
+            await self.refuse(
+                CLOSE_NOT_READY, f"The session is not running yet ({session.status})."
+            )
+            return
+        self.max_input = settings.BAI_TERMINAL_MAX_INPUT
+        self.term_id = f"{session.pk.hex}-{tab.hex}"
+        self.agent_group = protocol.agent_group(main.agent_id)
+        self.output_group = protocol.terminal_group(self.term_id)
+        self.session_id = str(session.pk)
+        # Join before opening: not a byte of the prompt may be missed.
+        await self.channel_layer.group_add(self.output_group, self.channel_name)
+        # The owner's status pushes say when the session ends under the shell.
+        self.owner_group = protocol.user_group(session.owner_id)
+        await self.channel_layer.group_add(self.owner_group, self.channel_name)
+        await self.accept()
+        await self._agent(
+            {
+                "type": protocol.TERM_OPEN,
+                "term_id": self.term_id,
+                "kernel_id": str(main.pk),
+                "cols": size[0],
+                "rows": size[1],
+            }
+        )
+        await self.send(text_data=json.dumps({"type": "ready", "term": str(tab)}))
+        self.start_touching(session, user)
+        logger.info(
+            "terminal %s opened on session %s by user %s", self.term_id, session.pk, user.pk
+        )
+
+    async def _agent(self, command: dict[str, Any]) -> None:
+        await self.channel_layer.group_send(
+            self.agent_group, {"type": "agent.command", "command": command}
+        )
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.term_id is None:
+            return
+        message = _parse(text_data)
+        kind = message.get("type") if message is not None else None
+        if kind == "input":
+            data = message.get("data")  # type: ignore[union-attr]
+            if not isinstance(data, str):
+                await self._error("input: data must be a string")
+            elif len(data) > self.max_input or len(data.encode("utf-8")) > self.max_input:
+                await self._error(
+                    f"input: {len(data.encode('utf-8'))} bytes in one message; "
+                    f"the limit is {self.max_input} bytes"
+                )
+            else:
+                await self.channel_layer.group_send(
+                    self.agent_group,
+                    {
+                        "type": "agent.command",
+                        "command": {
+                            "type": protocol.TERM_INPUT,
+                            "term_id": self.term_id,
+                            "data": data,
+                        },
+                    },
+                )
+                self.touch_soon()
+        elif kind == "resize":
+            size = _term_size(message)  # type: ignore[arg-type]
+            if size is None:
+                await self._error(f"resize: cols and rows must be whole numbers 1..{MAX_TERM_SIZE}")
+            else:
+                await self._agent(
+                    {
+                        "type": protocol.TERM_RESIZE,
+                        "term_id": self.term_id,
+                        "cols": size[0],
+                        "rows": size[1],
+                    }
+                )
+        elif kind == "close":
+            await self._agent({"type": protocol.TERM_CLOSE, "term_id": self.term_id})
+        elif kind == "ping":
+            await self.send(text_data='{"type":"pong"}')
+        else:
+            await self._error("unknown message; send input, resize, close or ping")
+
+    async def _error(self, message: str) -> None:
+        await self.send(text_data=json.dumps({"type": "error", "message": message}))
+
+    async def disconnect(self, code: int) -> None:
+        self.stop_touching()
+        if self.term_id is None:
+            return
+        if not self.closed_by_agent:
+            # The agent keeps the shell for a grace period: a reconnect with
+            # the same term id re-attaches to it.
+            await self._agent({"type": protocol.TERM_DETACH, "term_id": self.term_id})
+        await self.channel_layer.group_discard(self.output_group, self.channel_name)
+        await self.channel_layer.group_discard(self.owner_group, self.channel_name)
+        self.term_id = None
+
+    async def term_output(self, event: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps({"type": "output", "data": event["data"]}))
+
+    async def term_closed(self, event: dict[str, Any]) -> None:
+        self.closed_by_agent = True
+        await self.send(
+            text_data=json.dumps({"type": "closed", "reason": event.get("reason") or "ended"})
+        )
+        await self.close(code=1000)
+
+    async def sessions_changed(self, event: dict[str, Any]) -> None:
+        for item in event.get("sessions") or []:
+            if (
+                item.get("id") == self.session_id
+                and not item.get("kernel")
+                and item.get("status") in TERMINAL
+            ):
+                self.closed_by_agent = True
+                await self.refuse(
+                    CLOSE_GONE,
+                    f"The session has ended ({item['status']}: {item.get('reason', '')}).",
+                )
+                return
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _load_terminal_target(user: Any, session_id: str) -> tuple[Session, Kernel]:
+    session = selectors.get_session_for_user(user=user, session_id=session_id)
+    main = Kernel.objects.filter(session=session, cluster_role="main").first()
+    if main is None:
+        raise NotFound("This session has no main kernel.")
+    return session, main

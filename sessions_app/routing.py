@@ -2,7 +2,13 @@ from django.urls import path
 
 from . import consumers
 
-# Full paths: this router sits behind the origin and login checks in asgi.py.
+# Relative to the ``ws/`` prefix under which asgi.py mounts this router, behind
+# the origin and login checks: these serve /ws/sessions/…
 websocket_urlpatterns = [
-    path("ws/sessions/", consumers.SessionsConsumer.as_asgi()),
+    path("sessions/", consumers.SessionsConsumer.as_asgi()),
+    path(
+        "sessions/<str:session_id>/kernels/<str:kernel_ref>/logs/",
+        consumers.KernelLogsConsumer.as_asgi(),
+    ),
+    path("sessions/<str:session_id>/terminal/", consumers.TerminalConsumer.as_asgi()),
 ]

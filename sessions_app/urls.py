@@ -7,4 +7,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.session_list, name="session-list"),
+    path("sessions/new/", views.session_new, name="session-new"),
+    path("sessions/<str:session_id>/", views.session_detail, name="session-detail"),
+    path("sessions/<str:session_id>/terminal/", views.session_terminal, name="session-terminal"),
 ]

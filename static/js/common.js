@@ -1,0 +1,206 @@
+// Shared helpers of the pages: the REST API with CSRF, reconnecting websockets,
+// formatting and small DOM builders. No framework.
+
+export const ACTIVE = ["PENDING", "SCHEDULED", "PREPARING", "PULLING", "RUNNING", "TERMINATING"];
+export const ENDED = ["TERMINATED", "ERROR", "CANCELLED"];
+export const isEnded = (status) => ENDED.includes(status);
+
+export function readJSON(id) {
+  const node = document.getElementById(id);
+  return node ? JSON.parse(node.textContent) : null;
+}
+
+function cookie(name) {
+  const hit = document.cookie.split("; ").find((c) => c.startsWith(name + "="));
+  return hit ? decodeURIComponent(hit.slice(name.length + 1)) : "";
+}
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.message) || `HTTP ${status}`);
+    this.status = status;
+    this.body = body || {};
+    this.fields = (this.body.extra && this.body.extra.fields) || {};
+  }
+}
+
+/** Call the REST API as the logged-in user; throws ApiError with the API's message. */
+export async function api(path, { method = "GET", body } = {}) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method !== "GET") headers["X-CSRFToken"] = cookie("csrftoken");
+  const response = await fetch(`/api/v1/${path}`, {
+    method,
+    headers,
+    credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = { message: text.slice(0, 300) };
+  }
+  if (!response.ok) throw new ApiError(response.status, data);
+  return data;
+}
+
+export function wsURL(path) {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  return `${scheme}//${location.host}${path}`;
+}
+
+/**
+ * A websocket that reconnects with exponential backoff (0.5 s … 15 s, jittered).
+ * A close code in `finalCodes` (e.g. 4404, 4410) stops it; the server's JSON
+ * error message that precedes such a close is passed to onClose.
+ */
+export function liveSocket(path, { onOpen, onMessage, onClose, finalCodes = [4400, 4401, 4403, 4404, 4410] } = {}) {
+  let ws = null;
+  let attempt = 0;
+  let stopped = false;
+  let lastError = null;
+  let timer = null;
+  const handle = {
+    get socket() { return ws; },
+    send(obj) {
+      if (ws && ws.readyState === WebSocket.OPEN) { ws.send(JSON.stringify(obj)); return true; }
+      return false;
+    },
+    stop() { stopped = true; clearTimeout(timer); if (ws) ws.close(1000); },
+    reconnectNow() { stopped = false; attempt = 0; clearTimeout(timer); if (ws) ws.close(1000); connect(); },
+  };
+  const connect = () => {
+    const url = typeof path === "function" ? path() : path;
+    ws = new WebSocket(wsURL(url));
+    const mine = ws;
+    ws.onopen = () => { attempt = 0; lastError = null; onOpen && onOpen(handle); };
+    ws.onmessage = (event) => {
+      let msg;
+      try { msg = JSON.parse(event.data); } catch { return; }
+      if (msg.type === "error" && msg.code) lastError = msg;
+      onMessage && onMessage(msg, handle);
+    };
+    ws.onclose = (event) => {
+      if (mine !== ws) return;
+      const final = stopped || finalCodes.includes(event.code);
+      const retryIn = final ? null : Math.min(15000, 500 * 2 ** attempt) * (0.5 + Math.random() / 2);
+      onClose && onClose({ code: event.code, error: lastError, final, retryIn }, handle);
+      if (!final) {
+        attempt += 1;
+        timer = setTimeout(connect, retryIn);
+      }
+    };
+  };
+  connect();
+  return handle;
+}
+
+// --- formatting -----------------------------------------------------------
+
+export function fmtMem(bytes) {
+  const n = Number(bytes);
+  if (!isFinite(n)) return String(bytes);
+  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [unit, size] of units) {
+    if (n >= size) return `${+(n / size).toFixed(2)} ${unit}`;
+  }
+  return `${n} B`;
+}
+
+export function fmtSlots(slots) {
+  if (!slots) return "";
+  const parts = [];
+  if (slots.cpu !== undefined) parts.push(`${+slots.cpu} CPU`);
+  if (slots.mem !== undefined) parts.push(fmtMem(slots.mem));
+  for (const [k, v] of Object.entries(slots)) {
+    if (k === "cpu" || k === "mem" || !Number(v)) continue;
+    parts.push(`${+v} ${k === "cuda.device" ? "GPU" : k}`);
+  }
+  return parts.join(" · ");
+}
+
+export function fmtDuration(seconds) {
+  seconds = Math.max(0, Math.floor(seconds));
+  const d = Math.floor(seconds / 86400);
+  const h = Math.floor((seconds % 86400) / 3600);
+  const m = Math.floor((seconds % 3600) / 60);
+  const s = seconds % 60;
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${m}m`;
+  if (m) return `${m}m ${String(s).padStart(2, "0")}s`;
+  return `${s}s`;
+}
+
+export function fmtAge(iso) {
+  return fmtDuration((Date.now() - Date.parse(iso)) / 1000);
+}
+
+export function fmtTime(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+/** Compact: "Nov 22, 06:17:21" (the year only when it is not this year). */
+export function fmtStamp(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  const opts = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false };
+  if (d.getFullYear() !== new Date().getFullYear()) opts.year = "numeric";
+  return d.toLocaleString(undefined, opts);
+}
+
+export const MODE_LABEL = { "single-node": "Single Node", "multi-node": "Multi Node" };
+
+// --- DOM ------------------------------------------------------------------
+
+/** el("a.btn.btn-sm", {href: "/x"}, "text", child…) */
+export function el(spec, attrs = {}, ...children) {
+  const [tag, ...classes] = spec.split(".");
+  const node = document.createElement(tag || "div");
+  if (classes.length) node.className = classes.join(" ");
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "dataset") Object.assign(node.dataset, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function badge(status) {
+  return el(`span.badge.s-${status}`, { "data-status": status }, status);
+}
+
+export function setConnIndicator(on) {
+  const node = document.getElementById("conn-indicator");
+  if (!node) return;
+  node.hidden = false;
+  node.classList.toggle("on", on);
+  node.querySelector("span").textContent = on ? "live" : "reconnecting…";
+}
+
+/** Wire a <dialog>: [data-close] buttons and backdrop clicks close it. */
+export function wireDialog(dialog, onClose) {
+  dialog.addEventListener("click", (event) => {
+    if (event.target.closest("[data-close]") || event.target === dialog) dialog.close();
+  });
+  dialog.addEventListener("close", () => onClose && onClose());
+}
+
+/** The user's sessions socket: one per page, calling `onChange(items)` for each push. */
+export function followSessions(onChange) {
+  window.wsReady = false;
+  return liveSocket("/ws/sessions/", {
+    onOpen: () => { window.wsReady = true; setConnIndicator(true); },
+    onMessage: (msg) => { if (msg.type === "sessions.changed") onChange(msg.sessions); },
+    onClose: () => { window.wsReady = false; setConnIndicator(false); },
+  });
+}

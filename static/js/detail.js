@@ -1,0 +1,149 @@
+// Session detail: kernels, event history, why it waits, time left; live over
+// /ws/sessions/ (a push about this session re-reads it from the API).
+// Test hooks: window.wsReady, window.detailState (the session as last read).
+
+import { api, badge, el, fmtDuration, fmtSlots, fmtStamp, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON } from "./common.js";
+import { openLogs } from "./logs.js";
+
+let session = readJSON("session-data");
+const $ = (id) => document.getElementById(id);
+
+function kernelsForLogs() {
+  return { ...session, kernels: session.kernels.map((k) => ({ hostname: k.cluster_hostname, status: k.status })) };
+}
+
+function total(slots, n) {
+  const out = {};
+  for (const [k, v] of Object.entries(slots || {})) out[k] = String(Number(v) * n);
+  return out;
+}
+
+function countdown(iso, label) {
+  if (!iso) return null;
+  return el("span.countdown", { "data-deadline": iso, "data-label": label }, "");
+}
+
+function tickCountdowns() {
+  document.querySelectorAll("[data-deadline]").forEach((node) => {
+    const left = (Date.parse(node.dataset.deadline) - Date.now()) / 1000;
+    node.textContent = left > 0 ? `${fmtDuration(left)} left` : "due now";
+    node.title = `${node.dataset.label} at ${fmtTime(node.dataset.deadline)}`;
+    node.classList.toggle("soon", left < 300);
+  });
+}
+
+function fact(dl, name, ...value) {
+  dl.append(el("dt", {}, name), el("dd", {}, ...value));
+}
+
+function render() {
+  const s = session;
+  window.detailState = s;
+  document.title = `${s.name} · Backend.AI Web`;
+  $("d-badge").replaceChildren(badge(s.status), s.result && s.result !== "UNDEFINED" ? el(`span.result.result-${s.result}`, {}, s.result) : "");
+  $("d-reason").textContent = s.status_reason || "";
+  const waiting = s.status === "PENDING";
+  $("d-waiting").hidden = !waiting;
+  $("d-waiting-reason").textContent = s.status_reason || "waiting for the scheduler";
+  $("d-terminate").disabled = isEnded(s.status);
+  const term = $("d-terminal");
+  term.classList.toggle("disabled", s.status !== "RUNNING");
+  term.setAttribute("aria-disabled", s.status !== "RUNNING" ? "true" : "false");
+  term.title = s.status === "RUNNING" ? "Open a shell in main1" : "Available while the session runs";
+
+  const facts = $("d-facts");
+  facts.replaceChildren();
+  fact(facts, "Session ID", el("span.mono", {}, s.id));
+  fact(facts, "Owner", s.owner);
+  fact(facts, "Type", s.type);
+  fact(facts, "Image", el("span.mono", {}, s.image));
+  fact(facts, "Resource group", s.resource_group);
+  fact(facts, "Cluster", `${MODE_LABEL[s.cluster_mode] || s.cluster_mode} · ${s.cluster_size} container${s.cluster_size === 1 ? "" : "s"}`);
+  fact(facts, "Resources", `${fmtSlots(s.resources)} per container`, s.cluster_size > 1 ? el("span.sub", {}, `${fmtSlots(total(s.resources, s.cluster_size))} in total`) : null);
+  fact(facts, "Data folders", s.mounts && s.mounts.length ? s.mounts.map((m) => `/home/work/${m}`).join(", ") : el("span.muted", {}, "none"));
+  const envKeys = Object.keys(s.env || {});
+  fact(facts, "Environment", envKeys.length ? el("span.mono", {}, envKeys.join(", ")) : el("span.muted", {}, "none"));
+  if (s.startup_command) fact(facts, "Start command", el("code", {}, s.startup_command));
+  if (s.depends_on && s.depends_on.length) {
+    fact(facts, "Depends on", ...s.depends_on.map((id) => el("a.mono", { href: `/sessions/${id}/` }, id.slice(0, 8), " ")));
+  }
+  if (s.exit_code !== null && s.exit_code !== undefined) fact(facts, "Exit code", String(s.exit_code));
+
+  const times = $("d-time");
+  times.replaceChildren();
+  fact(times, "Created", fmtTime(s.created_at));
+  fact(times, "Scheduled", fmtTime(s.scheduled_at));
+  fact(times, "Started", fmtTime(s.started_at));
+  if (s.terminated_at) fact(times, "Ended", fmtTime(s.terminated_at));
+  fact(times, "Last activity", fmtTime(s.last_activity_at));
+  if (!isEnded(s.status)) {
+    if ("idle_deadline" in s) fact(times, "Idle timeout", s.idle_deadline ? countdown(s.idle_deadline, "Idle timeout") : el("span.muted", {}, "none"));
+    if ("lifetime_deadline" in s) fact(times, "Lifetime limit", s.lifetime_deadline ? countdown(s.lifetime_deadline, "Lifetime limit") : el("span.muted", {}, "unlimited"));
+  }
+  tickCountdowns();
+
+  $("d-kernels").replaceChildren(...s.kernels.map((k) =>
+    el("tr", { "data-host": k.cluster_hostname },
+      el("td", {}, el("b.mono", {}, k.cluster_hostname)),
+      el("td", {}, k.cluster_role),
+      el("td", {}, badge(k.status), k.status_reason && k.status_reason.toUpperCase() !== k.status ? el("span.reason", {}, k.status_reason) : null),
+      el("td", {}, k.agent ? el("span.mono", {}, k.agent) : el("span.muted", {}, "not placed")),
+      el("td", {}, k.container_id ? el("span.mono", { title: k.container_id }, k.container_id.slice(0, 12)) : el("span.muted", {}, "—")),
+      el("td", {}, fmtSlots(k.requested_slots)),
+      el("td.actions", {}, el("button.btn.btn-xs", { type: "button", onclick: () => openLogs(kernelsForLogs(), k.cluster_hostname) }, "Logs")),
+    )));
+
+  const events = s.events || [];
+  $("d-events-count").textContent = `${events.length} event${events.length === 1 ? "" : "s"}`;
+  $("d-events").replaceChildren(...events.slice().reverse().map((e) =>
+    el("li", {},
+      el("time", { datetime: e.time, title: fmtTime(e.time) }, fmtStamp(e.time)),
+      el("span.who", {}, e.kernel || "session"),
+      el("span.what", {}, e.from_status ? el("span", {}, badge(e.from_status), el("span.arrow", {}, " → ")) : null, badge(e.to_status), el("span.why", {}, e.reason)),
+    )));
+}
+
+let refetchTimer = null;
+function refetch() {
+  clearTimeout(refetchTimer);
+  refetchTimer = setTimeout(async () => {
+    try {
+      session = await api(`sessions/${session.id}/`);
+      render();
+    } catch (err) {
+      $("d-reason").textContent = err.message;
+    }
+  }, 120);
+}
+
+$("d-logs").addEventListener("click", () => openLogs(kernelsForLogs()));
+$("d-terminal").addEventListener("click", (e) => {
+  if (session.status !== "RUNNING") e.preventDefault();
+});
+$("d-terminate").addEventListener("click", async () => {
+  if (!confirm(`Terminate session “${session.name}”?`)) return;
+  try {
+    session = await api(`sessions/${session.id}/terminate/`, { method: "POST", body: {} });
+    render();
+  } catch (err) {
+    alert(err.message);
+  }
+});
+
+render();
+setInterval(tickCountdowns, 1000);
+followSessions((items) => {
+  const mine = items.filter((i) => i.id === session.id);
+  if (!mine.length) return;
+  for (const item of mine) {
+    if (item.kernel) {
+      const k = session.kernels.find((k) => k.cluster_hostname === item.kernel);
+      if (k) { k.status = item.status; k.status_reason = item.reason; }
+    } else {
+      session.status = item.status;
+      session.status_reason = item.reason;
+    }
+  }
+  render();
+  refetch(); // events, timestamps, containers
+});

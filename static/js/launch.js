@@ -1,0 +1,278 @@
+// The launch dialog: a form over the launch spec, prefilled from templates,
+// POSTed to /api/v1/sessions/; the API's field errors appear beside their
+// fields. After launch it shows the start step by step, driven by the
+// sessions websocket (the list page passes every push to onSessionChange).
+//
+// Test hooks: window.launchReady (catalogue loaded), window.launchState
+// {id, status, reason} of the session just launched.
+
+import { api, el, fmtMem, isEnded, wireDialog } from "./common.js";
+
+const STEPS = ["PENDING", "SCHEDULED", "PREPARING", "PULLING", "RUNNING"];
+let dialog, form, opts;
+let loaded = false;
+let templates = [];
+let launched = null; // {id, name, status}
+const seen = new Map(); // session id -> pushes that arrived before the POST answered
+
+const $ = (id) => document.getElementById(id);
+
+function parseMemGiB(value) {
+  if (value === undefined || value === null || value === "") return null;
+  if (typeof value === "number") return value / 2 ** 30;
+  const m = String(value).trim().match(/^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$/i);
+  if (!m) return null;
+  const unit = { "": 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40 }[m[2].toLowerCase()];
+  return (Number(m[1]) * unit) / 2 ** 30;
+}
+
+function radioValue(name) {
+  const checked = form.querySelector(`input[name="${name}"]:checked`);
+  return checked ? checked.value : null;
+}
+
+function setRadio(name, value) {
+  const input = form.querySelector(`input[name="${name}"][value="${value}"]`);
+  if (input) input.checked = true;
+}
+
+function envRow(key = "", value = "") {
+  const row = el("div.env-row", {},
+    el("input", { placeholder: "NAME", value: key, "aria-label": "Variable name", "data-env": "key", autocomplete: "off" }),
+    el("input", { placeholder: "value", value, "aria-label": "Variable value", "data-env": "value", autocomplete: "off" }),
+    el("button.icon-btn", { type: "button", "aria-label": "Remove variable", onclick: () => row.remove() }, "✕"),
+  );
+  $("f-env").append(row);
+  return row;
+}
+
+function updateTotal() {
+  const size = Math.max(1, parseInt($("f-size").value, 10) || 1);
+  const cpu = Number($("f-cpu").value) || 0;
+  const mem = Number($("f-mem").value) || 0;
+  const gpu = Number($("f-gpu").value) || 0;
+  const per = [`${cpu} CPU`, `${fmtMem(mem * 2 ** 30)}`];
+  if (gpu) per.push(`${gpu} GPU`);
+  const total = [`${+(cpu * size).toFixed(2)} CPU`, fmtMem(mem * size * 2 ** 30)];
+  if (gpu) total.push(`${gpu * size} GPU`);
+  const node = $("launch-total");
+  node.replaceChildren(
+    "Total: ", el("b", {}, `${size} container${size === 1 ? "" : "s"}`), " × ", per.join(" · "), " = ", el("b", { id: "launch-total-value" }, total.join(" · ")),
+  );
+  $("startup-field").hidden = radioValue("type") !== "batch";
+}
+
+function applyTemplate(template) {
+  const spec = template.spec || {};
+  if (spec.image) $("f-image").value = spec.image;
+  if (spec.resource_group) $("f-group").value = spec.resource_group;
+  if (spec.type) setRadio("type", spec.type);
+  if (spec.cluster_mode) setRadio("cluster_mode", spec.cluster_mode);
+  const size = spec.cluster_size || (spec.roles && spec.roles.sub && spec.roles.sub.replicas !== undefined ? 1 + spec.roles.sub.replicas : null);
+  if (size) $("f-size").value = size;
+  const res = spec.resources || {};
+  if (res.cpu !== undefined) $("f-cpu").value = Number(res.cpu);
+  const gib = parseMemGiB(res.mem);
+  if (gib !== null) $("f-mem").value = +gib.toFixed(3);
+  if (res["cuda.device"] !== undefined) $("f-gpu").value = Number(res["cuda.device"]);
+  if (spec.startup_command !== undefined) $("f-startup").value = spec.startup_command;
+  if (spec.mounts) {
+    form.querySelectorAll("#f-mounts input").forEach((box) => { box.checked = spec.mounts.includes(box.value); });
+  }
+  if (spec.env) {
+    $("f-env").replaceChildren();
+    for (const [k, v] of Object.entries(spec.env)) envRow(k, v);
+  }
+  updateTotal();
+}
+
+async function loadCatalogue() {
+  const [images, groups, tpls, folders] = await Promise.all([
+    api("images/"), api("resource-groups/"), api("templates/"), api("folders/"),
+  ]);
+  templates = tpls;
+  $("f-image").replaceChildren(...images.map((i) => el("option", { value: i.reference }, i.display_name ? `${i.display_name} — ${i.reference}` : i.reference)));
+  $("f-group").replaceChildren(...groups.map((g) => el("option", { value: g.name }, g.description ? `${g.name} — ${g.description}` : g.name)));
+  $("f-template").replaceChildren(el("option", { value: "" }, "— none —"), ...templates.map((t) => el("option", { value: t.id }, t.owner ? t.name : `${t.name} (shared)`)));
+  $("f-mounts").replaceChildren(
+    ...(folders.length
+      ? folders.map((f) => el("label.check", {}, el("input", { type: "checkbox", value: f.name, name: "mounts" }), f.name))
+      : [el("span.muted", {}, "You have no data folders yet.")]),
+  );
+  loaded = true;
+  window.launchReady = true;
+}
+
+function fillDependencies() {
+  const select = $("f-deps");
+  const keep = new Set([...select.selectedOptions].map((o) => o.value));
+  const candidates = opts.sessions().filter((s) => !isEnded(s.status) || s.result === "SUCCESS");
+  select.replaceChildren(...candidates.map((s) => el("option", { value: s.id, selected: keep.has(s.id) }, `${s.name} (${s.status.toLowerCase()}, ${s.type})`)));
+  select.disabled = candidates.length === 0;
+}
+
+function clearErrors() {
+  form.querySelectorAll(".field-error").forEach((n) => n.remove());
+  form.querySelectorAll(".has-error").forEach((n) => n.classList.remove("has-error"));
+  $("launch-error").hidden = true;
+}
+
+function showErrors(err) {
+  clearErrors();
+  const alertBox = $("launch-error");
+  alertBox.textContent = err.message;
+  alertBox.hidden = false;
+  let placedAny = false;
+  for (const [key, messages] of Object.entries(err.fields || {})) {
+    const root = key.split(/[.[]/)[0];
+    const name = root === "roles" ? "resources" : root;
+    const holder = form.querySelector(`[data-field="${name}"]`) || form.querySelector('[data-field="non_field_errors"]');
+    holder.classList.add("has-error");
+    const target = holder.closest(".field") || holder;
+    for (const m of messages) target.append(el("div.field-error", { "data-error-for": key }, m));
+    placedAny = true;
+  }
+  const first = form.querySelector(".field-error");
+  if (first) first.scrollIntoView({ block: "center", behavior: "smooth" });
+  else if (!placedAny) alertBox.scrollIntoView({ block: "center" });
+}
+
+function spec() {
+  const s = {
+    image: $("f-image").value,
+    resource_group: $("f-group").value,
+    type: radioValue("type"),
+    cluster_mode: radioValue("cluster_mode"),
+    cluster_size: parseInt($("f-size").value, 10),
+    resources: {
+      cpu: $("f-cpu").value,
+      mem: String(Math.round((Number($("f-mem").value) || 0) * 2 ** 30)),
+    },
+    mounts: [...form.querySelectorAll("#f-mounts input:checked")].map((b) => b.value),
+    env: {},
+    depends_on: [...$("f-deps").selectedOptions].map((o) => o.value),
+  };
+  if (Number.isNaN(s.cluster_size)) s.cluster_size = $("f-size").value;
+  const gpu = Number($("f-gpu").value) || 0;
+  if (gpu) s.resources["cuda.device"] = String(gpu);
+  const name = $("f-name").value.trim();
+  if (name) s.name = name;
+  if ($("f-template").value) s.template = Number($("f-template").value);
+  if (s.type === "batch") s.startup_command = $("f-startup").value;
+  for (const row of $("f-env").querySelectorAll(".env-row")) {
+    const key = row.querySelector('[data-env="key"]').value.trim();
+    if (key) s.env[key] = row.querySelector('[data-env="value"]').value;
+  }
+  return s;
+}
+
+async function submit(event) {
+  event.preventDefault();
+  clearErrors();
+  const button = $("launch-submit");
+  button.disabled = true;
+  button.textContent = "Launching…";
+  try {
+    const detail = await api("sessions/", { method: "POST", body: spec() });
+    opts.onCreated && opts.onCreated(detail);
+    showProgress(detail);
+  } catch (err) {
+    if (err.fields) showErrors(err);
+  } finally {
+    button.disabled = false;
+    button.textContent = "Launch";
+  }
+}
+
+// --- progress ----------------------------------------------------------------
+
+function showProgress(detail) {
+  launched = { id: detail.id, name: detail.name, status: "PENDING", reasons: {} };
+  form.hidden = true;
+  $("launch-progress").hidden = false;
+  $("progress-name").textContent = detail.name;
+  $("progress-sub").textContent = `${detail.cluster_size} container${detail.cluster_size === 1 ? "" : "s"} · ${detail.image} · ${detail.resource_group}`;
+  $("progress-open").href = `/sessions/${detail.id}/`;
+  $("progress-final").hidden = true;
+  for (const event of detail.events || []) {
+    if (!event.kernel) advance(event.to_status, event.reason);
+  }
+  advance(detail.status, detail.status_reason);
+  for (const item of seen.get(detail.id) || []) advance(item.status, item.reason);
+}
+
+function advance(status, reason) {
+  if (!launched || !status) return;
+  const steps = $("progress-steps").querySelectorAll("li");
+  const idx = STEPS.indexOf(status);
+  const currentIdx = STEPS.indexOf(launched.status);
+  if (idx >= 0 && idx < currentIdx) return; // a late push of an earlier step
+  launched.status = status;
+  if (reason) launched.reasons[status] = reason;
+  window.launchState = { id: launched.id, status, reason };
+  if (idx >= 0) {
+    steps.forEach((li, i) => {
+      li.className = i < idx ? (launched.reasons[STEPS[i]] || STEPS[i] !== "PULLING" ? "done" : "skipped") : i === idx ? (status === "RUNNING" ? "done" : "current") : "";
+      li.querySelector(".step-reason").textContent = launched.reasons[STEPS[i]] || (i === 3 && i < idx && !launched.reasons.PULLING ? "not needed: the image is on the agent" : "");
+    });
+  }
+  const final = $("progress-final");
+  if (status === "RUNNING") {
+    final.className = "alert alert-ok";
+    final.textContent = "Your session is running. Open it for a terminal, logs and details.";
+    final.hidden = false;
+  } else if (isEnded(status) || status === "TERMINATING") {
+    const cur = [...steps].find((li) => li.classList.contains("current"));
+    if (cur) cur.className = "failed";
+    final.className = "alert alert-error";
+    final.textContent = `${status}: ${reason || "the session ended"}`;
+    final.hidden = false;
+  }
+}
+
+/** Every sessions.changed item passes through here (from the list page). */
+export function onSessionChange(item) {
+  if (item.kernel) return;
+  if (launched && launched.id === item.id) {
+    advance(item.status, item.reason);
+  } else {
+    const list = seen.get(item.id) || [];
+    list.push(item);
+    seen.set(item.id, list.slice(-10));
+    if (seen.size > 50) seen.delete(seen.keys().next().value);
+  }
+}
+
+export function initLaunch(options) {
+  opts = options;
+  dialog = $("launch-modal");
+  form = $("launch-form");
+  wireDialog(dialog, () => { launched = null; });
+  form.addEventListener("submit", submit);
+  form.addEventListener("input", updateTotal);
+  form.addEventListener("change", updateTotal);
+  $("env-add").addEventListener("click", () => envRow().querySelector("input").focus());
+  $("f-template").addEventListener("change", (e) => {
+    const t = templates.find((x) => String(x.id) === e.target.value);
+    if (t) applyTemplate(t);
+  });
+}
+
+export async function openLaunch() {
+  form.hidden = false;
+  $("launch-progress").hidden = true;
+  clearErrors();
+  launched = null;
+  window.launchState = null;
+  if (!dialog.open) dialog.showModal();
+  fillDependencies();
+  updateTotal();
+  if (!loaded) {
+    try {
+      await loadCatalogue();
+    } catch (err) {
+      $("launch-error").textContent = `Could not load images and groups: ${err.message}`;
+      $("launch-error").hidden = false;
+    }
+  }
+}

@@ -368,9 +368,10 @@ class _Transitions(models.Model):
                 f"illegal transition {src} → {dst} for {self._meta.model_name} {self.pk}"
             )
         now = now or timezone.now()
+        reason = reason[:500]  # the status and its event row hold the same text
         values: dict[str, Any] = {
             "status": dst,
-            "status_reason": reason[:500],
+            "status_reason": reason,
             "status_changed_at": now,
         }
         if dst == S.SCHEDULED:
@@ -407,9 +408,10 @@ class _Transitions(models.Model):
         if not can_transition(src, dst):
             raise ValueError(f"illegal transition {src} → {dst} for {cls._meta.model_name}")
         now = now or timezone.now()
+        reason = reason[:500]  # the status and its event row hold the same text
         values: dict[str, Any] = {
             "status": dst,
-            "status_reason": reason[:500],
+            "status_reason": reason,
             "status_changed_at": now,
         }
         if dst == S.SCHEDULED:

@@ -201,11 +201,6 @@ def test_extra_fields_are_written_together_with_the_status(make_kernel):
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    strict=True,
-    reason="models._Transitions.transition cuts status_reason to 500 but passes the whole "
-    "reason to the event row (varchar 500): the transition fails with a DataError",
-)
 def test_a_long_reason_is_cut_to_fit_and_still_recorded(make_session):
     session = make_session(S.PENDING)
     assert session.mark_cancelled("x" * 900) is True

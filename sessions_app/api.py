@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import authenticate
-from django.utils import timezone
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.authtoken.models import Token

@@ -51,6 +51,8 @@ TOUCH_EVERY = 30.0
 TOUCH_INPUT_THROTTLE = 5.0
 LOG_TAIL_BYTES = 64 * 1024
 MAX_TERM_SIZE = 1000
+# A session that is ending has no shell to offer any more.
+ENDING = TERMINAL | {Status.TERMINATING}
 
 
 def _user(scope: dict[str, Any]) -> Any:
@@ -377,7 +379,7 @@ class TerminalConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, exc.message)
             return
-        if session.status in TERMINAL:
+        if session.status in ENDING:
             await self.refuse(
                 CLOSE_GONE,
                 f"The session has ended ({session.status}: {session.status_reason}).",
@@ -496,7 +498,7 @@ class TerminalConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
             if (
                 item.get("id") == self.session_id
                 and not item.get("kernel")
-                and item.get("status") in TERMINAL
+                and item.get("status") in ENDING
             ):
                 self.closed_by_agent = True
                 await self.refuse(

@@ -1,0 +1,520 @@
+"""Browser websockets over the real ASGI router (origin, login, ownership, streams).
+
+A fake agent connected to the gateway stands in for the node daemon, so each
+stream is checked end to end: browser → consumer → channel layer → gateway →
+agent, and back.
+
+Personas (tests/conftest.py): alice owns the sessions; bob is another plain
+user and must not learn they exist; root is an admin and may attach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+from django.utils import timezone
+
+from agent import protocol
+from backendai_web.asgi import application
+from sessions_app import consumers, services
+from sessions_app.models import Kernel, Session, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = (b"origin", b"http://testserver")
+
+
+@pytest.fixture(autouse=True)
+def _own_channel_prefix(settings):
+    """Other test runs share this Redis: a prefix of our own keeps their pushes out."""
+    layers = dict(settings.CHANNEL_LAYERS)
+    default = dict(layers["default"])
+    default["CONFIG"] = {**default["CONFIG"], "prefix": f"t{uuid.uuid4().hex[:10]}"}
+    settings.CHANNEL_LAYERS = {**layers, "default": default}
+
+
+# --- helpers ---------------------------------------------------------------
+
+
+def _cookie_for(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def browser(path: str, user=None, *, token: str | None = None, origin=ORIGIN):
+    headers = [origin] if origin else []
+    if user is not None:
+        headers.append((b"cookie", await sync_to_async(_cookie_for)(user)))
+    if token is not None:
+        headers.append((b"authorization", f"Token {token}".encode()))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+async def refused(comm: WebsocketCommunicator, code: int) -> str:
+    """The socket is accepted, says why in JSON, then closes with ``code``."""
+    connected, _ = await comm.connect()
+    assert connected
+    message = await comm.receive_json_from(timeout=5)
+    assert message["type"] == "error"
+    assert message["code"] == code
+    closed = await comm.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": code}
+    return message["message"]
+
+
+async def frame_of(comm: WebsocketCommunicator, kind: str, timeout: float = 5) -> dict:
+    """The next frame of type ``kind`` (the agent also gets reconciliation chatter)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        frame = await comm.receive_json_from(timeout=max(0.05, deadline - loop.time()))
+        if frame.get("type") == kind:
+            return frame
+
+
+async def no_frame_of(comm: WebsocketCommunicator, kind: str, timeout: float = 0.5) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await comm.receive_nothing(timeout=deadline - loop.time()):
+            return
+        frame = await comm.receive_json_from()
+        assert frame.get("type") != kind, f"unexpected {kind}: {frame}"
+
+
+def _running_session(owner, image, size: int = 2) -> Session:
+    session = services.session_create(
+        owner=owner,
+        spec={"image": image.reference, "cluster_size": size, "cluster_mode": "multi-node"},
+    )
+    for kernel in Kernel.objects.filter(session=session):
+        services.kernel_apply_report(
+            kernel=kernel,
+            report={"status": protocol.KR_RUNNING, "container_id": f"c-{kernel.cluster_hostname}"},
+        )
+    session.refresh_from_db()
+    assert session.status == Status.RUNNING
+    return session
+
+
+@pytest.fixture
+def running(alice, image, agent):
+    return _running_session(alice, image)
+
+
+@pytest.fixture
+async def fake_agent(agent, running):
+    """The agent's gateway connection, registered and reporting the session's kernels."""
+    kernels = await sync_to_async(list)(Kernel.objects.filter(session=running))
+    comm = WebsocketCommunicator(
+        application,
+        "/ws/agent/",
+        headers=[(b"authorization", f"Token {agent.plain_token}".encode())],
+    )
+    connected, _ = await comm.connect()
+    assert connected
+    await comm.send_json_to(
+        {
+            "type": protocol.REGISTER,
+            "protocol": protocol.PROTOCOL_VERSION,
+            "hostname": "node-a",
+            "backend": "docker",
+            "slots": {"cpu": "8", "mem": str(16 * 2**30)},
+            "labels": {},
+            "version": "test",
+            "kernels": [
+                {
+                    "kernel_id": str(k.pk),
+                    "session_id": str(running.pk),
+                    "status": protocol.KR_RUNNING,
+                    "container_id": f"c-{k.cluster_hostname}",
+                }
+                for k in kernels
+            ],
+        }
+    )
+    assert (await comm.receive_json_from(timeout=5))["type"] == protocol.REGISTERED
+    yield comm
+    await comm.disconnect()
+
+
+def _term_path(session, term: str | None = None, **params) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {"term": term, **params}.items() if v is not None)
+    return f"/ws/sessions/{session.pk}/terminal/" + (f"?{query}" if query else "")
+
+
+# --- the sessions list stream ------------------------------------------------
+
+
+async def test_the_sessions_stream_refuses_an_anonymous_visitor_with_a_reason(db):
+    message = await refused(await browser("/ws/sessions/"), consumers.CLOSE_UNAUTHENTICATED)
+    assert "Log in" in message
+
+
+async def test_the_sessions_stream_pushes_the_owners_status_changes_only(alice, bob, image, agent):
+    mine = await browser("/ws/sessions/", alice)
+    theirs = await browser("/ws/sessions/", bob)
+    assert (await mine.connect())[0] and (await theirs.connect())[0]
+
+    session = await sync_to_async(services.session_create)(
+        owner=alice, spec={"image": image.reference}
+    )
+
+    seen = {}
+    while "SCHEDULED" not in seen:
+        push = await mine.receive_json_from(timeout=5)
+        assert push["type"] == "sessions.changed"
+        for item in push["sessions"]:
+            assert item["id"] == str(session.pk)
+            seen.setdefault(item["status"], item)
+    assert seen["PENDING"]["reason"] == "created"
+    assert "placed" in seen["SCHEDULED"]["reason"]
+    assert await theirs.receive_nothing(timeout=0.3)
+    await mine.disconnect()
+    await theirs.disconnect()
+
+
+async def test_the_sessions_stream_answers_pings_and_rejects_other_messages(alice):
+    comm = await browser("/ws/sessions/", alice)
+    await comm.connect()
+    await comm.send_json_to({"type": "ping"})
+    assert await comm.receive_json_from(timeout=5) == {"type": "pong"}
+    await comm.send_to(text_data="not json")
+    assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+    await comm.send_json_to({"type": "subscribe", "user": 1})
+    assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+    await comm.disconnect()
+
+
+async def test_a_foreign_origin_is_refused_before_anything_else(alice, settings):
+    import importlib
+
+    import backendai_web.asgi
+
+    # The origin check reads ALLOWED_HOSTS when the router is built: build it again.
+    settings.ALLOWED_HOSTS = ["testserver"]
+    strict = importlib.reload(backendai_web.asgi).application
+    cookie = (b"cookie", await sync_to_async(_cookie_for)(alice))
+    for origin, accepted in ((b"http://evil.example", False), (b"http://testserver", True)):
+        comm = WebsocketCommunicator(strict, "/ws/sessions/", headers=[(b"origin", origin), cookie])
+        connected, _ = await comm.connect()
+        assert connected is accepted, origin
+        if connected:
+            await comm.disconnect()
+
+
+# --- terminal: refusals ----------------------------------------------------------
+
+
+async def test_the_terminal_refuses_an_anonymous_visitor(running):
+    await refused(await browser(_term_path(running)), consumers.CLOSE_UNAUTHENTICATED)
+
+
+async def test_another_users_terminal_is_simply_not_found(running, bob):
+    message = await refused(await browser(_term_path(running), bob), consumers.CLOSE_NOT_FOUND)
+    assert message == "No such session."
+
+
+@pytest.mark.parametrize("bad_id", ["not-a-uuid", str(uuid.uuid4())])
+async def test_a_bad_session_id_is_not_found(alice, bad_id):
+    comm = await browser(f"/ws/sessions/{bad_id}/terminal/", alice)
+    await refused(comm, consumers.CLOSE_NOT_FOUND)
+
+
+async def test_an_ended_session_has_no_terminal(running, alice):
+    await sync_to_async(services.session_terminate)(session=running, reason="done")
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(status=Status.TERMINATED)
+    message = await refused(await browser(_term_path(running), alice), consumers.CLOSE_GONE)
+    assert "ended" in message
+
+
+async def test_a_session_still_starting_says_so_and_the_page_retries(alice, image, agent):
+    session = await sync_to_async(services.session_create)(
+        owner=alice, spec={"image": image.reference}
+    )
+    message = await refused(await browser(_term_path(session), alice), consumers.CLOSE_NOT_READY)
+    assert "not running yet" in message
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"term": "../../etc"}, {"term": "x" * 40}, {"cols": "0"}, {"rows": "100000"}, {"cols": "abc"}],
+)
+async def test_bad_terminal_parameters_are_refused(running, alice, params):
+    path = f"/ws/sessions/{running.pk}/terminal/?" + "&".join(f"{k}={v}" for k, v in params.items())
+    await refused(await browser(path, alice), consumers.CLOSE_BAD_INPUT)
+
+
+# --- terminal: the stream --------------------------------------------------------
+
+
+async def test_terminal_input_reaches_the_agent_and_its_output_reaches_the_browser(
+    running, alice, fake_agent
+):
+    tab = str(uuid.uuid4())
+    comm = await browser(_term_path(running, tab, cols=100, rows=30), alice)
+    assert (await comm.connect())[0]
+    opened = await frame_of(fake_agent, protocol.TERM_OPEN)
+    assert opened["kernel_id"] == str(running.pk)  # main1's kernel id is the session id
+    assert (opened["cols"], opened["rows"]) == (100, 30)
+    term_id = opened["term_id"]
+    assert tab.replace("-", "") in term_id and running.pk.hex in term_id
+    assert await comm.receive_json_from(timeout=5) == {"type": "ready", "term": tab}
+
+    await comm.send_json_to({"type": "input", "data": "echo $BACKENDAI_CLUSTER_HOST\r"})
+    sent = await frame_of(fake_agent, protocol.TERM_INPUT)
+    assert sent == {
+        "type": protocol.TERM_INPUT,
+        "term_id": term_id,
+        "data": "echo $BACKENDAI_CLUSTER_HOST\r",
+    }
+
+    await fake_agent.send_json_to(
+        {"type": protocol.TERM_OUTPUT, "term_id": term_id, "data": "main1\r\n$ "}
+    )
+    assert await comm.receive_json_from(timeout=5) == {"type": "output", "data": "main1\r\n$ "}
+
+    await comm.send_json_to({"type": "resize", "cols": 120, "rows": 40})
+    resized = await frame_of(fake_agent, protocol.TERM_RESIZE)
+    assert (resized["term_id"], resized["cols"], resized["rows"]) == (term_id, 120, 40)
+
+    await comm.disconnect()
+    detached = await frame_of(fake_agent, protocol.TERM_DETACH)
+    assert detached["term_id"] == term_id
+
+
+async def test_a_reconnect_with_the_same_tab_id_reattaches_to_the_same_shell(
+    running, alice, fake_agent
+):
+    tab = str(uuid.uuid4())
+    first = await browser(_term_path(running, tab), alice)
+    await first.connect()
+    term_id = (await frame_of(fake_agent, protocol.TERM_OPEN))["term_id"]
+    await first.disconnect()
+    await frame_of(fake_agent, protocol.TERM_DETACH)
+
+    again = await browser(_term_path(running, tab), alice)
+    await again.connect()
+    assert (await frame_of(fake_agent, protocol.TERM_OPEN))["term_id"] == term_id
+
+    other_tab = await browser(_term_path(running, str(uuid.uuid4())), alice)
+    await other_tab.connect()
+    assert (await frame_of(fake_agent, protocol.TERM_OPEN))["term_id"] != term_id
+    await again.disconnect()
+    await other_tab.disconnect()
+
+
+async def test_oversized_and_malformed_input_is_answered_with_an_error_and_not_forwarded(
+    running, alice, fake_agent, settings
+):
+    settings.BAI_TERMINAL_MAX_INPUT = 1024
+    comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
+    await comm.connect()
+    await frame_of(fake_agent, protocol.TERM_OPEN)
+    await comm.receive_json_from(timeout=5)  # ready
+
+    await comm.send_json_to({"type": "input", "data": "x" * 1025})
+    error = await comm.receive_json_from(timeout=5)
+    assert error["type"] == "error" and "limit is 1024 bytes" in error["message"]
+    # Multi-byte characters count as the bytes they take.
+    await comm.send_json_to({"type": "input", "data": "é" * 600})
+    assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+    for bad in (
+        {"type": "input", "data": 42},
+        {"type": "input"},
+        {"type": "resize", "cols": "80", "rows": 24},
+        {"type": "resize", "cols": True, "rows": 24},
+        {"type": "resize", "cols": 0, "rows": 24},
+        {"type": "shell", "command": "rm -rf /"},
+        ["input", "ls"],
+    ):
+        await comm.send_json_to(bad)
+        assert (await comm.receive_json_from(timeout=5))["type"] == "error", bad
+    await comm.send_to(text_data="{not json")
+    assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+    await no_frame_of(fake_agent, protocol.TERM_INPUT)
+    await no_frame_of(fake_agent, protocol.TERM_RESIZE, timeout=0.1)
+
+    await comm.send_json_to({"type": "input", "data": "x" * 1024})
+    assert len((await frame_of(fake_agent, protocol.TERM_INPUT))["data"]) == 1024
+    await comm.disconnect()
+
+
+async def test_closing_the_shell_ends_it_and_the_agents_close_reaches_the_browser(
+    running, alice, fake_agent
+):
+    comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
+    await comm.connect()
+    term_id = (await frame_of(fake_agent, protocol.TERM_OPEN))["term_id"]
+    await comm.receive_json_from(timeout=5)  # ready
+    await comm.send_json_to({"type": "close"})
+    assert (await frame_of(fake_agent, protocol.TERM_CLOSE))["term_id"] == term_id
+    await fake_agent.send_json_to(
+        {"type": protocol.TERM_CLOSED, "term_id": term_id, "reason": "exited with code 0"}
+    )
+    assert await comm.receive_json_from(timeout=5) == {
+        "type": "closed",
+        "reason": "exited with code 0",
+    }
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 1000}
+    # Closed by the agent: nothing to detach.
+    await no_frame_of(fake_agent, protocol.TERM_DETACH)
+
+
+async def test_the_terminal_says_so_when_the_session_ends_under_it(running, alice, fake_agent):
+    comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
+    await comm.connect()
+    await frame_of(fake_agent, protocol.TERM_OPEN)
+    await comm.receive_json_from(timeout=5)  # ready
+    await sync_to_async(services.session_terminate)(
+        session=running, reason="terminated by its owner"
+    )
+    error = await frame_of(comm, "error")
+    assert error["code"] == consumers.CLOSE_GONE
+    assert "terminated by its owner" in error["message"]
+    assert (await comm.receive_output(timeout=5))["code"] == consumers.CLOSE_GONE
+
+
+async def test_an_admin_may_attach_and_an_api_client_may_use_a_token(
+    running, admin, alice, fake_agent
+):
+    comm = await browser(_term_path(running, str(uuid.uuid4())), admin)
+    assert (await comm.connect())[0]
+    await frame_of(fake_agent, protocol.TERM_OPEN)
+    assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
+    await comm.disconnect()
+
+    from rest_framework.authtoken.models import Token
+
+    token = await sync_to_async(lambda: Token.objects.create(user=alice).key)()
+    comm = await browser(_term_path(running, str(uuid.uuid4())), token=token, origin=None)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
+    await comm.disconnect()
+
+
+async def test_an_open_terminal_counts_as_activity(running, alice, fake_agent):
+    long_ago = timezone.now() - timezone.timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
+    await comm.connect()
+    await comm.receive_json_from(timeout=5)  # ready
+    for _ in range(50):
+        session = await sync_to_async(Session.objects.get)(pk=running.pk)
+        if session.last_activity_at > long_ago:
+            break
+        await asyncio.sleep(0.05)
+    assert session.last_activity_at > long_ago
+    await comm.disconnect()
+
+
+async def test_an_admin_looking_in_does_not_count_as_the_owners_activity(
+    running, admin, fake_agent
+):
+    long_ago = timezone.now() - timezone.timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await browser(_term_path(running, str(uuid.uuid4())), admin)
+    await comm.connect()
+    await comm.receive_json_from(timeout=5)
+    await comm.send_json_to({"type": "input", "data": "ls\r"})
+    await frame_of(fake_agent, protocol.TERM_INPUT)
+    session = await sync_to_async(Session.objects.get)(pk=running.pk)
+    assert session.last_activity_at == long_ago
+    await comm.disconnect()
+
+
+# --- logs --------------------------------------------------------------------------
+
+
+def _logs_path(session, kernel: str) -> str:
+    return f"/ws/sessions/{session.pk}/kernels/{kernel}/logs/"
+
+
+async def test_logs_refuse_anonymous_visitors_other_users_and_unknown_kernels(running, alice, bob):
+    await refused(await browser(_logs_path(running, "sub1")), consumers.CLOSE_UNAUTHENTICATED)
+    await refused(await browser(_logs_path(running, "sub1"), bob), consumers.CLOSE_NOT_FOUND)
+    message = await refused(
+        await browser(_logs_path(running, "sub9"), alice), consumers.CLOSE_NOT_FOUND
+    )
+    assert "No such kernel" in message
+    await refused(
+        await browser(f"/ws/sessions/{uuid.uuid4()}/kernels/main1/logs/", alice),
+        consumers.CLOSE_NOT_FOUND,
+    )
+
+
+async def test_a_kernels_log_is_followed_live_and_stopped_on_disconnect(running, alice, fake_agent):
+    sub1 = await sync_to_async(Kernel.objects.get)(session=running, cluster_hostname="sub1")
+    comm = await browser(_logs_path(running, "sub1"), alice)
+    assert (await comm.connect())[0]
+    state = await comm.receive_json_from(timeout=5)
+    assert state["type"] == "state" and state["live"] is True and state["kernel"] == "sub1"
+    follow = await frame_of(fake_agent, protocol.LOGS_FOLLOW)
+    assert follow["kernel_id"] == str(sub1.pk)
+    assert follow["tail"] == 65536
+    stream_id = follow["stream_id"]
+
+    for n in range(3):
+        await fake_agent.send_json_to(
+            {
+                "type": protocol.LOG_CHUNK,
+                "kernel_id": str(sub1.pk),
+                "stream_id": stream_id,
+                "data": f"line {n}\n",
+            }
+        )
+    for n in range(3):
+        assert await comm.receive_json_from(timeout=5) == {"type": "chunk", "data": f"line {n}\n"}
+
+    await comm.disconnect()
+    stop = await frame_of(fake_agent, protocol.LOGS_STOP)
+    assert stop["stream_id"] == stream_id
+
+
+async def test_the_same_kernel_may_be_addressed_by_its_id(running, alice, fake_agent):
+    comm = await browser(_logs_path(running, str(running.pk)), alice)
+    await comm.connect()
+    assert (await comm.receive_json_from(timeout=5))["kernel"] == "main1"
+    assert (await frame_of(fake_agent, protocol.LOGS_FOLLOW))["kernel_id"] == str(running.pk)
+    await comm.disconnect()
+
+
+async def test_an_ended_kernel_sends_its_kept_tail_and_says_it_ended(running, alice):
+    sub1 = await sync_to_async(Kernel.objects.get)(session=running, cluster_hostname="sub1")
+    await sync_to_async(services.kernel_apply_report)(
+        kernel=sub1, report={"status": protocol.KR_EXITED, "exit_code": 0}
+    )
+    await sync_to_async(services.kernel_store_log_tail)(kernel_id=str(sub1.pk), data="bye\n")
+    comm = await browser(_logs_path(running, "sub1"), alice)
+    assert (await comm.connect())[0]
+    state = await comm.receive_json_from(timeout=5)
+    assert state["live"] is False and "ended" in state["message"]
+    assert await comm.receive_json_from(timeout=5) == {"type": "chunk", "data": "bye\n"}
+    ended = await comm.receive_json_from(timeout=5)
+    assert ended["type"] == "ended" and ended["status"] == Status.TERMINATED
+    assert (await comm.receive_output(timeout=5))["type"] == "websocket.close"
+
+
+async def test_a_followed_log_says_when_its_kernel_ends(running, alice, fake_agent):
+    comm = await browser(_logs_path(running, "main1"), alice)
+    await comm.connect()
+    await comm.receive_json_from(timeout=5)  # state
+    await frame_of(fake_agent, protocol.LOGS_FOLLOW)
+    await sync_to_async(services.session_terminate)(session=running, reason="by its owner")
+    await fake_agent.send_json_to(
+        {
+            "type": protocol.KERNEL_STATUS,
+            "kernel_id": str(running.pk),
+            "session_id": str(running.pk),
+            "status": protocol.KR_GONE,
+        }
+    )
+    ended = await frame_of(comm, "ended")
+    assert ended["status"] == Status.TERMINATED
+    await comm.disconnect()

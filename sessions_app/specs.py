@@ -1,12 +1,22 @@
 """The launch spec: the fields a session is created from, as the API, the
 launch dialog and session templates share them.
 
-Merging a template with launch overrides (``merge_spec``): every top-level
-field given at launch replaces the template's, except the two mappings
-``resources`` and ``env``, which are merged key by key (an override of
-``mem`` keeps the template's ``cpu``; an env var set at launch is added to the
-template's). ``roles`` merges per role the same way. Lists (``mounts``,
-``depends_on``) are replaced whole.
+Per-role specs: the top-level ``image`` and ``resources`` apply to every
+kernel; ``roles.main`` and ``roles.sub`` override them for main1 and for the
+sub kernels (a role's ``resources`` override the common ones key by key), and
+``roles.sub.replicas`` is the number of sub kernels (``cluster_size`` =
+replicas + 1 unless given).
+
+Merging a template with launch overrides (``merge_spec``), field by field:
+
+- a top-level field given at launch replaces the template's;
+- except the mappings ``resources`` and ``env``, merged key by key: an
+  override of ``mem`` keeps the template's ``cpu``; an env var set at launch
+  is added to the template's (or replaces the one of that name);
+- ``roles`` merges per role the same way (``image`` / ``replicas`` replaced,
+  ``resources`` merged key by key);
+- lists (``mounts``, ``depends_on``) are replaced whole, never appended to;
+- a field given as null (or not given) keeps the template's value.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ _ROLE = {
         "replicas": {"type": "integer", "minimum": 0},
     },
 }
+ROLE_PROPERTIES: dict[str, Any] = _ROLE["properties"]
 SPEC_PROPERTIES: dict[str, Any] = {
     "name": {"type": "string"},
     "image": {"type": "string", "minLength": 1},
@@ -67,13 +78,16 @@ def merge_spec(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
         elif key == "roles" and isinstance(value, dict) and isinstance(merged.get("roles"), dict):
             roles = merged["roles"]
             for role, role_spec in value.items():
-                current = roles.get(role) or {}
-                combined = {**current, **role_spec}
+                current = roles.get(role)
+                if not isinstance(role_spec, dict) or not isinstance(current, dict):
+                    roles[role] = copy.deepcopy(role_spec)  # validation judges it
+                    continue
+                combined = {**current, **{k: v for k, v in role_spec.items() if v is not None}}
                 if isinstance(current.get("resources"), dict) and isinstance(
                     role_spec.get("resources"), dict
                 ):
                     combined["resources"] = {**current["resources"], **role_spec["resources"]}
-                roles[role] = combined
+                roles[role] = copy.deepcopy(combined)
         else:
             merged[key] = copy.deepcopy(value)
     return merged

@@ -32,6 +32,13 @@ def skip_or_fail(reason: str) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _fast_passwords():
+    """Hashing at full strength costs ~0.3 s per user; tests need no strength."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _celery_eager():
     """Tasks run inline in tests (after commit), unless a test starts a real worker."""
     from backendai_web.celery import app

@@ -206,7 +206,12 @@ def export_template_document(*, name: str, description: str, spec: dict[str, Any
     document = {"name": name, "description": description, "spec": _ordered_spec(spec)}
     if fmt == "json":
         return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
+    if yaml.load(text, Loader=_Loader) != document:  # a SafeLoader
+        # PyYAML writes some characters (NEL, LS, PS) raw, and reads them back
+        # as line breaks: escape everything beyond ASCII instead.
+        text = yaml.safe_dump(document, sort_keys=False, allow_unicode=False, width=100)
+    return text
 
 
 def _ordered_spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sessions_app.errors import InvalidInput
@@ -255,8 +255,9 @@ _specs = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(spec=_specs, description=_text, fmt=st.sampled_from(["yaml", "json"]))
+@example(spec={"env": {"A": "x\u2028y"}}, description="\x85", fmt="yaml")
 def test_any_valid_spec_survives_a_round_trip(spec, description, fmt):
     text = export_template_document(name="t", description=description, spec=spec, fmt=fmt)
     assert parse_template_document(text, fmt) == {

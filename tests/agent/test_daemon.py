@@ -9,8 +9,7 @@ from decimal import Decimal
 
 import pytest
 import pytest_asyncio
-from conftest import Frames
-from test_process_backend import spec
+from agent_helpers import spec
 
 from agent import protocol
 from agent.backends.process import ProcessBackend
@@ -185,7 +184,3 @@ async def test_it_exits_without_retry_on_a_bad_token_and_never_logs_the_token(
     assert "unknown token" in agent_logs
     assert "Authorization: [redacted]" in agent_logs  # the handshake was logged, masked
     assert secret not in agent_logs
-
-
-def test_frames_helper_is_importable():
-    assert Frames

@@ -5,59 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import uuid
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from agent_helpers import Frames, spec
 
 from agent import protocol
 from agent.backends.process import ProcessBackend
 from agent.config import AgentConfig
-
-
-def _env(hostname: str, session_id: str, kernel_id: str) -> dict[str, str]:
-    return {
-        "BACKENDAI_CLUSTER_HOST": hostname,
-        "BACKENDAI_CLUSTER_HOSTS": "main1,sub1",
-        "BACKENDAI_CLUSTER_IDX": "1",
-        "BACKENDAI_CLUSTER_MODE": "single-node",
-        "BACKENDAI_CLUSTER_ROLE": "main" if hostname.startswith("main") else "sub",
-        "BACKENDAI_CLUSTER_SIZE": "2",
-        "BACKENDAI_KERNEL_ID": kernel_id,
-        "BACKENDAI_SESSION_ID": session_id,
-    }
-
-
-def spec(
-    *hosts: str, command: str | None = None, mounts: list | None = None, session_id: str = ""
-) -> dict:
-    session_id = session_id or uuid.uuid4().hex
-    kernels = []
-    for host in hosts or ("main1",):
-        kernel_id = session_id if host == "main1" else uuid.uuid4().hex
-        kernels.append(
-            {
-                "kernel_id": kernel_id,
-                "hostname": host,
-                "role": "main" if host == "main1" else "sub",
-                "image": "native",
-                "slots": {"cpu": "1", "mem": "268435456"},
-                "env": _env(host, session_id, kernel_id),
-                "mounts": mounts or [],
-                "startup_command": command if host == "main1" else None,
-                "cluster_hosts": list(hosts or ("main1",)),
-            }
-        )
-    return {
-        "type": protocol.CREATE_KERNELS,
-        "session_id": session_id,
-        "network": f"bai-{session_id}",
-        "cluster_mode": "single-node",
-        "session_type": "batch" if command else "interactive",
-        "ssh": None,
-        "kernels": kernels,
-    }
 
 
 async def _group_vanishes(pgid: int, timeout: float = 3.0) -> bool:
@@ -232,14 +188,14 @@ async def test_a_restarted_agent_adopts_surviving_kernels(config, frames):
     running = await frames.wait_for(kernel_id=kid, status="running")
     await first.close()  # the agent goes away; the kernel keeps running
 
-    later = Frames2 = type(frames)()
+    later = Frames()
     second = ProcessBackend(config, later)
     await second.start()
     [report] = await second.list_kernels()
     assert (report.kernel_id, report.status) == (kid, "running")
     assert report.container_id == running["container_id"]
     os.killpg(int(report.container_id), signal.SIGKILL)
-    ended = await Frames2.wait_for(kernel_id=kid, status="exited")
+    ended = await later.wait_for(kernel_id=kid, status="exited")
     assert ended["exit_code"] is None  # no parent saw it end; the reason says so
     assert "unknown" in ended["reason"]
     await second.destroy_kernels([kid], "cleanup")

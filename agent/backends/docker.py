@@ -1,0 +1,872 @@
+"""Kernels as Docker containers.
+
+One internal bridge network per session (per engine) joins the session's containers;
+each container is named ``bai-<kernel_id>``, has the spec's hostname as hostname and
+network alias, runs as ``1000:1000`` with every capability dropped and
+``no-new-privileges``, and mounts only the session's data folders. The agent copies a
+small POSIX-sh runner (plus the env file and the session's SSH keys) into the container
+with ``put_archive`` before starting it: no host file is bind-mounted.
+
+Blocking SDK calls run in a thread pool; long-lived streams (engine events, followed
+logs) run in their own threads and hand data to the loop in batches; terminal sockets
+are read with the loop's ``add_reader``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import socket
+import struct
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import Mount
+
+from agent import protocol
+from agent.backends.base import (
+    Backend,
+    KernelError,
+    KernelState,
+    TermChannel,
+    ThreadPipe,
+    chunked_text,
+    prepare_host_folder,
+    render_env_file,
+    render_ssh_environment,
+    slot_cpu,
+    slot_mem,
+    trim_tail,
+)
+
+log = logging.getLogger(__name__)
+
+L_SESSION = "ai.backend.session_id"
+L_KERNEL = "ai.backend.kernel_id"
+L_HOST = "ai.backend.hostname"
+L_AGENT = "ai.backend.agent"
+L_AGENT_KEY = "ai.backend.agent-key"  # fingerprint of the agent's token (see AgentConfig)
+L_NETWORK = "ai.backend.network"
+L_MANAGED = "ai.backend.managed"
+
+KERNEL_UID = 1000
+KERNEL_GID = 1000
+HOME = "/home/work"
+RUNNER_DIR = "/opt/backendai"
+SSH_PORT = 2200
+PIDS_LIMIT = 4096
+
+ENTRYPOINT = f"""\
+#!/bin/sh
+# Kernel runner written by the agent. $1, when given, is the session's startup command.
+B={HOME}/.backendai
+if [ -x /usr/sbin/sshd ] && [ -f {HOME}/.ssh/authorized_keys ]; then
+  if [ ! -f "$B/ssh_host_ed25519_key" ]; then
+    ssh-keygen -q -t ed25519 -N '' -f "$B/ssh_host_ed25519_key" >/dev/null 2>&1 \\
+      || echo "backend.ai: ssh-keygen failed" >&2
+  fi
+  /usr/sbin/sshd -f {RUNNER_DIR}/sshd_config -p {SSH_PORT} -E "$B/sshd.log" \\
+    || echo "backend.ai: sshd did not start (see $B/sshd.log)" >&2
+fi
+if [ $# -gt 0 ]; then
+  exec /bin/sh -c "$1"
+fi
+trap 'exit 0' TERM INT
+while :; do sleep 2147483647 & wait $!; done
+"""
+
+SSHD_CONFIG = f"""\
+# sshd for the kernel user, on a high port, key-only (written by the agent)
+ListenAddress 0.0.0.0
+HostKey {HOME}/.backendai/ssh_host_ed25519_key
+PidFile {HOME}/.backendai/sshd.pid
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin no
+AuthorizedKeysFile .ssh/authorized_keys
+PermitUserEnvironment yes
+PrintMotd no
+X11Forwarding no
+Subsystem sftp internal-sftp
+"""
+
+SSH_CLIENT_CONFIG = f"""\
+Host main* sub*
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  Port {SSH_PORT}
+  User work
+  LogLevel ERROR
+  IdentityFile ~/.ssh/id_session
+"""
+
+# $0 is where the shell writes its pid, so that closing the terminal can hang it up.
+SHELL_SCRIPT = 'echo $$ > "$0"; if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
+
+
+def build_runner_archive(env: dict[str, str], ssh: dict[str, str] | None) -> bytes:
+    """The tar put into ``/`` of a container before it starts.
+
+    Ownership and modes are in the tar headers: the SSH client and server refuse key
+    files that are not owned by the user or readable by others.
+    """
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+
+        def add(path: str, mode: int, uid: int, data: str | None = None) -> None:
+            info = tarfile.TarInfo(path)
+            info.mode = mode
+            info.uid = info.gid = uid
+            info.mtime = now
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                raw = data.encode()
+                info.size = len(raw)
+                tar.addfile(info, io.BytesIO(raw))
+
+        add(RUNNER_DIR.lstrip("/"), 0o755, 0)
+        add(f"{RUNNER_DIR.lstrip('/')}/entrypoint.sh", 0o755, 0, ENTRYPOINT)
+        add(f"{RUNNER_DIR.lstrip('/')}/sshd_config", 0o644, 0, SSHD_CONFIG)
+        home = HOME.lstrip("/")
+        add(f"{home}/.backendai", 0o700, KERNEL_UID)
+        add(f"{home}/.backendai_env", 0o644, KERNEL_UID, render_env_file(env))
+        if ssh:
+            private = ssh["private_key"].rstrip("\n") + "\n"
+            public = ssh["public_key"].rstrip("\n") + "\n"
+            add(f"{home}/.ssh", 0o700, KERNEL_UID)
+            add(f"{home}/.ssh/id_session", 0o600, KERNEL_UID, private)
+            add(f"{home}/.ssh/id_session.pub", 0o644, KERNEL_UID, public)
+            add(f"{home}/.ssh/authorized_keys", 0o600, KERNEL_UID, public)
+            add(f"{home}/.ssh/config", 0o600, KERNEL_UID, SSH_CLIENT_CONFIG)
+            add(f"{home}/.ssh/environment", 0o600, KERNEL_UID, render_ssh_environment(env))
+    return buf.getvalue()
+
+
+def stream_logs(
+    api: Any,
+    container_id: str,
+    tail: int,
+    push: Callable[[bytes], bool],
+    holder: dict[str, Any],
+    follow: bool = True,
+) -> None:
+    """Follow a container's log, pushing output in large blocks (runs in a thread).
+
+    The SDK's stream yields one frame per log line through urllib3's chunk reader, which
+    tops out near 40-70k lines/s; this reads the socket in blocks of up to 256 KiB and
+    undoes the HTTP chunking and Docker's stream multiplexing itself. ``push`` returning
+    False stops it; so does :func:`_shutdown_response` on ``holder["response"]``.
+    """
+    tty = api.inspect_container(container_id)["Config"].get("Tty")
+    response = api._get(
+        api._url("/containers/{0}/logs", container_id),
+        params={"stdout": 1, "stderr": 1, "follow": int(follow), "tail": str(max(0, tail))},
+        stream=True,
+    )
+    api._raise_for_status(response)
+    holder["response"] = response
+    fp = response.raw._fp.fp  # the buffered reader over the socket (holds any read-ahead)
+    dechunk = Dechunker() if response.raw.chunked else None
+    demux = None if tty else Demuxer()
+    while True:
+        data = fp.read1(256 * 1024)
+        if not data:
+            return
+        if dechunk is not None:
+            data = dechunk.feed(data)
+        if demux is not None:
+            data = demux.feed(data)
+        if data and not push(data):
+            return
+        if dechunk is not None and dechunk.done:
+            return
+
+
+def _shutdown_response(response: Any) -> None:
+    """Wake a thread blocked reading this response (closing alone does not, on Linux)."""
+    if response is None:
+        return
+    with contextlib.suppress(Exception):
+        response.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        response.close()
+
+
+class Dechunker:
+    """Incremental decoder of HTTP/1.1 chunked transfer encoding."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.left = 0  # bytes of the current chunk still to come
+        self.crlf = False  # the CRLF after a chunk's data is still to come
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.buf
+        buf += data
+        out = bytearray()
+        pos = 0
+        end = len(buf)
+        while not self.done:
+            if self.left:
+                take = min(self.left, end - pos)
+                out += buf[pos : pos + take]
+                pos += take
+                self.left -= take
+                if self.left:
+                    break
+                self.crlf = True
+            if self.crlf:
+                if end - pos < 2:
+                    break
+                pos += 2
+                self.crlf = False
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+            pos = eol + 2
+            if size == 0:
+                self.done = True
+                break
+            self.left = size
+        del buf[:pos]
+        return bytes(out)
+
+
+class Demuxer:
+    """Incremental decoder of Docker's multiplexed stdout/stderr stream (8-byte headers)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.buf
+        buf += data
+        out = []
+        pos = 0
+        end = len(buf)
+        unpack = _FRAME_LEN.unpack_from
+        while end - pos >= 8:
+            (length,) = unpack(buf, pos + 4)
+            stop = pos + 8 + length
+            if stop > end:
+                break
+            out.append(buf[pos + 8 : stop])
+            pos = stop
+        del buf[:pos]
+        return b"".join(out)
+
+
+_FRAME_LEN = struct.Struct(">I")
+
+
+def network_name(spec: dict[str, Any]) -> str:
+    return spec.get("network") or f"bai-{spec['session_id']}"
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, config, emit=None, *, client: docker.DockerClient | None = None) -> None:
+        super().__init__(config, emit)
+        self.client = client or docker.from_env(timeout=60)
+        self.api = self.client.api
+        self.agent_key = config.agent_key
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="docker-call")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self._events_thread: threading.Thread | None = None
+        self._events_stream: Any = None
+        self._events_ready = threading.Event()
+        self._net_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- start-up: events first, then adopt what already runs --------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._events_thread = threading.Thread(
+            target=self._events_main, name="docker-events", daemon=True
+        )
+        self._events_thread.start()
+        # Subscribe before listing, so that no exit falls between the two.
+        await self._call(self._events_ready.wait, 30)
+        await self._adopt_all()
+
+    async def _adopt_all(self) -> None:
+        containers = await self._call(
+            self.api.containers, all=True, filters={"label": f"{L_AGENT_KEY}={self.agent_key}"}
+        )
+        for c in containers:
+            labels = c.get("Labels") or {}
+            kernel_id = labels.get(L_KERNEL)
+            if not kernel_id or kernel_id in self.kernels:
+                continue
+            state = KernelState(
+                kernel_id, labels.get(L_SESSION, ""), labels.get(L_HOST, ""), container_id=c["Id"]
+            )
+            state.extra["network"] = labels.get(L_NETWORK) or f"bai-{state.session_id}"
+            self.kernels[kernel_id] = state
+            if c["State"] == "running":
+                state.status = protocol.KR_RUNNING
+                log.info("adopted running kernel %s (container %s)", kernel_id, c["Id"][:12])
+            elif c["State"] in ("exited", "dead"):
+                self._spawn(self._container_ended(state))
+            else:
+                state.status = protocol.KR_ERROR
+                state.reason = f"container was left in state {c['State']!r} by an earlier agent"
+
+    def _events_main(self) -> None:
+        backoff = 0.5
+        first = True
+        while not self._closing:
+            try:
+                stream = self.client.events(
+                    decode=True,
+                    filters={
+                        "type": "container",
+                        "label": [f"{L_AGENT_KEY}={self.agent_key}"],
+                        "event": ["die", "destroy"],
+                    },
+                )
+                self._events_stream = stream
+                self._events_ready.set()
+                if not first:
+                    self._threadsafe(self._resync)
+                first = False
+                backoff = 0.5
+                for event in stream:
+                    self._threadsafe(self._on_event, event)
+            except Exception as exc:  # noqa: BLE001 - the engine went away; retry
+                if self._closing:
+                    return
+                log.warning("docker event stream failed (%s); retrying in %.1f s", exc, backoff)
+            if self._closing:
+                return
+            time.sleep(backoff)
+            backoff = min(10.0, backoff * 2)
+
+    def _threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(fn, *args)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        attrs = (event.get("Actor") or {}).get("Attributes") or {}
+        state = self.kernels.get(attrs.get(L_KERNEL, ""))
+        if state is None:
+            return
+        action = event.get("Action") or event.get("status")
+        if action == "die":
+            self._spawn(self._container_ended(state))
+        elif action == "destroy" and not state.destroying:
+            self._spawn(self._container_vanished(state))
+
+    def _resync(self) -> None:
+        """After the event stream broke: re-read every known container's state."""
+        for state in list(self.kernels.values()):
+            if state.status == protocol.KR_RUNNING:
+                self._spawn(self._check_running(state))
+
+    async def _check_running(self, state: KernelState) -> None:
+        try:
+            info = await self._call(self.api.inspect_container, state.container_id)
+        except NotFound:
+            await self._container_vanished(state)
+            return
+        if not info["State"]["Running"]:
+            await self._container_ended(state)
+
+    async def _container_ended(self, state: KernelState) -> None:
+        async with state.lock:  # after create has reported "running"; never during destroy
+            if state.destroying or state.status in (protocol.KR_EXITED, protocol.KR_GONE):
+                return
+            try:
+                info = await self._call(self.api.inspect_container, state.container_id)
+            except NotFound:
+                return
+            st = info["State"]
+            if st.get("Running"):
+                return
+            reason = "out of memory" if st.get("OOMKilled") else None
+            tail = await self._read_tail(state.container_id)
+            self.set_status(state, protocol.KR_EXITED, exit_code=st.get("ExitCode"), reason=reason)
+            self.keep_tail(state, tail)
+
+    async def _container_vanished(self, state: KernelState) -> None:
+        async with state.lock:
+            if state.destroying or state.status in (protocol.KR_GONE, protocol.KR_ERROR):
+                return  # an error's container is removed by _fail; the error report stands
+            self.set_status(state, protocol.KR_GONE, reason="container removed outside the agent")
+            self.bury(state.kernel_id)
+
+    async def _read_tail(self, container_id: str | None) -> str:
+        if not container_id:
+            return ""
+        limit = self.config.log_tail_bytes
+        try:
+            # Docker's tail counts lines; ask for enough lines, then cut to bytes.
+            data = await self._call(
+                self.api.logs, container_id, stdout=True, stderr=True, tail=max(64, limit // 8)
+            )
+        except (NotFound, APIError) as exc:
+            log.warning("cannot read the log of container %s: %s", container_id[:12], exc)
+            return ""
+        return trim_tail(data, limit)
+
+    async def close(self) -> None:
+        self._closing = True
+        await super().close()
+        stream = self._events_stream
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+        for task in list(self._tasks):
+            task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- create -------------------------------------------------------------------------
+
+    async def create_kernels(self, spec: dict[str, Any]) -> None:
+        await asyncio.gather(*(self._create_one(spec, k) for k in spec.get("kernels", [])))
+
+    async def _create_one(self, spec: dict[str, Any], kspec: dict[str, Any]) -> None:
+        kernel_id = kspec["kernel_id"]
+        session_id = spec["session_id"]
+        if kernel_id in self.tombstones:
+            self.report_gone(kernel_id, session_id, "already destroyed")
+            return
+        existing = self.kernels.get(kernel_id)
+        if existing is not None:
+            self.report(existing.report())
+            return
+        state = KernelState(kernel_id, session_id, kspec["hostname"])
+        state.extra["network"] = network_name(spec)
+        self.kernels[kernel_id] = state
+        async with state.lock:
+            self.report(state.report())
+            started = time.monotonic()
+            try:
+                await self._create_container(state, spec, kspec)
+            except KernelError as exc:
+                await self._fail(state, str(exc))
+            except (DockerException, OSError) as exc:
+                explanation = getattr(exc, "explanation", None) or str(exc)
+                await self._fail(state, f"docker: {explanation}")
+            else:
+                log.info("kernel %s started in %.3f s", kernel_id, time.monotonic() - started)
+
+    async def _fail(self, state: KernelState, reason: str) -> None:
+        self.set_status(state, protocol.KR_ERROR, reason=reason)
+        if state.container_id:
+            with contextlib.suppress(DockerException):
+                await self._call(self.api.remove_container, state.container_id, force=True)
+            state.container_id = None
+        await self._remove_network_if_unused(state)
+
+    async def _ensure_image(self, state: KernelState, image: str) -> None:
+        try:
+            await self._call(self.api.inspect_image, image)
+            return
+        except ImageNotFound:
+            pass
+        if not self.config.pull:
+            raise KernelError(
+                f"image {image} is not present on agent {self.agent_id or self.config.hostname}"
+                " and pulling is disabled"
+            )
+        self.set_status(state, protocol.KR_PULLING)
+        repo, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+        try:
+            await self._call(self.client.images.pull, repo, tag=tag or "latest")
+        except DockerException as exc:
+            raise KernelError(f"cannot pull image {image}: {exc}") from exc
+        self.set_status(state, protocol.KR_PREPARING)
+
+    async def _create_container(
+        self, state: KernelState, spec: dict[str, Any], kspec: dict[str, Any]
+    ) -> None:
+        image = kspec["image"]
+        mounts = []
+        for mount in kspec.get("mounts") or []:
+            name = mount["name"]
+            if not name or "/" in name or name in (".", ".."):
+                raise KernelError(f"bad data folder name {name!r}")
+            path = self.check_mount(mount["host_path"])
+            await self._call(prepare_host_folder, path, KERNEL_UID, KERNEL_GID)
+            mounts.append(Mount(target=f"{HOME}/{name}", source=str(path), type="bind"))
+        await self._ensure_image(state, image)
+        env = {str(k): str(v) for k, v in (kspec.get("env") or {}).items()}
+        archive = build_runner_archive(env, spec.get("ssh"))
+        slots = kspec.get("slots") or {}
+        cpu = slot_cpu(slots)
+        mem = slot_mem(slots)
+        labels = {
+            L_SESSION: state.session_id,
+            L_KERNEL: state.kernel_id,
+            L_HOST: state.hostname,
+            L_AGENT: self.agent_id or "",
+            L_AGENT_KEY: self.agent_key,
+            L_NETWORK: state.extra["network"],
+            L_MANAGED: "true",
+        }
+        command = [kspec["startup_command"]] if kspec.get("startup_command") else []
+
+        def create(network_id: str) -> str:
+            host_config = self.api.create_host_config(
+                network_mode=network_id,
+                nano_cpus=int(cpu * Decimal(10**9)) if cpu else None,
+                mem_limit=mem,
+                memswap_limit=mem,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                privileged=False,
+                pids_limit=PIDS_LIMIT,
+                mounts=mounts,
+            )
+            networking = self.api.create_networking_config(
+                {network_id: self.api.create_endpoint_config(aliases=[state.hostname])}
+            )
+            kwargs = dict(
+                image=image,
+                command=command,
+                entrypoint=["/bin/sh", f"{RUNNER_DIR}/entrypoint.sh"],
+                hostname=state.hostname,
+                user=f"{KERNEL_UID}:{KERNEL_GID}",
+                environment=env,
+                labels=labels,
+                name=f"bai-{state.kernel_id}",
+                working_dir=HOME,
+                host_config=host_config,
+                networking_config=networking,
+                detach=True,
+            )
+            try:
+                return self.api.create_container(**kwargs)["Id"]
+            except APIError as exc:
+                if exc.status_code != 409:
+                    raise
+            # A container of that name is left from an interrupted create: replace it.
+            log.warning("replacing stale container bai-%s", state.kernel_id)
+            self.api.remove_container(f"bai-{state.kernel_id}", force=True)
+            return self.api.create_container(**kwargs)["Id"]
+
+        network_id = await self._ensure_network(state)
+        try:
+            state.container_id = await self._call(create, network_id)
+        except NotFound as exc:
+            if "network" not in str(exc).lower():
+                raise
+            # Another agent removed the session's network between our lookup and create.
+            network_id = await self._ensure_network(state)
+            state.container_id = await self._call(create, network_id)
+        await self._call(self.api.put_archive, state.container_id, "/", archive)
+        await self._call(self.api.start, state.container_id)
+        self.set_status(state, protocol.KR_RUNNING, container_id=state.container_id)
+
+    # --- networks -----------------------------------------------------------------------
+
+    async def _ensure_network(self, state: KernelState) -> str:
+        name = state.extra["network"]
+        lock = self._net_locks.setdefault(name, asyncio.Lock())
+        async with lock:  # kernels of one session on this agent: one lookup, one create
+            return await self._call(self._ensure_network_sync, name, state.session_id)
+
+    def _networks_named(self, name: str) -> list[dict[str, Any]]:
+        # The engine's name filter matches substrings; keep exact matches only.
+        return [n for n in self.api.networks(names=[name]) if n["Name"] == name]
+
+    def _ensure_network_sync(self, name: str, session_id: str) -> str:
+        nets = self._networks_named(name)
+        if not nets:
+            try:
+                self.api.create_network(
+                    name,
+                    driver="bridge",
+                    internal=True,
+                    check_duplicate=True,
+                    labels={L_SESSION: session_id, L_MANAGED: "true"},
+                )
+                log.info("created internal network %s for session %s", name, session_id)
+            except APIError as exc:
+                if exc.status_code != 409:  # another agent on this engine created it first
+                    raise
+            nets = self._networks_named(name)
+        if not nets:
+            raise KernelError(f"network {name} vanished while being created")
+        # Two agents racing may both create one; all agree on the oldest.
+        nets.sort(key=lambda n: (n.get("Created", ""), n["Id"]))
+        chosen = nets[0]
+        if not chosen.get("Internal"):
+            raise KernelError(f"network {name} exists and is not internal; refusing to use it")
+        return chosen["Id"]
+
+    async def _remove_network_if_unused(self, state: KernelState) -> None:
+        name = state.extra.get("network")
+        if not name:
+            return
+        lock = self._net_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            await self._call(self._remove_network_sync, name, state.session_id)
+
+    def _remove_network_sync(self, name: str, session_id: str) -> None:
+        users = self.api.containers(all=True, filters={"label": f"{L_SESSION}={session_id}"})
+        if users:
+            return
+        for net in self._networks_named(name):
+            try:
+                self.api.remove_network(net["Id"])
+                log.info("removed network %s of session %s", name, session_id)
+            except NotFound:
+                pass
+            except APIError as exc:  # still used by another agent's containers
+                log.info("network %s stays: %s", name, exc.explanation or exc)
+
+    # --- destroy ------------------------------------------------------------------------
+
+    async def destroy_kernels(self, kernel_ids: list[str], reason: str) -> None:
+        await asyncio.gather(*(self._destroy_one(k, reason) for k in kernel_ids))
+
+    async def _destroy_one(self, kernel_id: str, reason: str) -> None:
+        state = self.kernels.get(kernel_id)
+        if state is None:
+            await self._destroy_stray(kernel_id, reason)
+            return
+        async with state.lock:
+            if state.status == protocol.KR_GONE:
+                self.report(state.report())
+                return
+            state.destroying = True
+            await self.terminals.close_kernel(kernel_id, "kernel destroyed")
+            if state.container_id:
+                cid = state.container_id
+                with contextlib.suppress(NotFound):
+                    await self._call(self.api.stop, cid, timeout=self.config.stop_timeout)
+                if not state.tail_sent:
+                    self.keep_tail(state, await self._read_tail(cid))
+                with contextlib.suppress(NotFound):
+                    await self._call(self.api.remove_container, cid, force=True, v=True)
+            self.set_status(state, protocol.KR_GONE, reason=reason)
+            self.bury(kernel_id)
+        await self._remove_network_if_unused(state)
+
+    async def _destroy_stray(self, kernel_id: str, reason: str) -> None:
+        """An id we do not track: remove a leftover container of ours, report gone."""
+        session_id = ""
+        try:
+            info = await self._call(self.api.inspect_container, f"bai-{kernel_id}")
+        except NotFound:
+            info = None
+        if info is not None:
+            labels = info["Config"].get("Labels") or {}
+            if labels.get(L_AGENT_KEY) == self.agent_key:
+                session_id = labels.get(L_SESSION, "")
+                with contextlib.suppress(NotFound):
+                    await self._call(self.api.remove_container, info["Id"], force=True, v=True)
+                stub = KernelState(kernel_id, session_id, labels.get(L_HOST, ""))
+                stub.extra["network"] = labels.get(L_NETWORK)
+                await self._remove_network_if_unused(stub)
+        self.tombstones[kernel_id] = None
+        self.report_gone(kernel_id, session_id, reason)
+
+    # --- logs ---------------------------------------------------------------------------
+
+    async def log_tail(self, kernel_id: str) -> str | None:
+        state = self.kernels.get(kernel_id)
+        if state is not None and state.container_id and kernel_id not in self.tails:
+            return await self._read_tail(state.container_id)
+        return self.tails.get(kernel_id)
+
+    async def follow_logs(self, kernel_id: str, tail_bytes: int) -> AsyncIterator[str]:
+        state = self.kernels.get(kernel_id)
+        if state is None or not state.container_id:
+            kept = self.tails.get(kernel_id)
+            if kept is None:
+                raise KernelError(f"no kernel {kernel_id} on this agent")
+            if tail_bytes > 0 and kept:
+                yield kept[-tail_bytes:]
+            return
+        pipe = ThreadPipe(asyncio.get_running_loop())
+        holder: dict[str, Any] = {}
+        # Docker's tail counts lines: ask for about as many lines as fit the byte budget.
+        tail_lines = 0 if tail_bytes <= 0 else max(1, tail_bytes // 64)
+        container_id = state.container_id
+
+        def reader() -> None:
+            try:
+                stream_logs(self.api, container_id, tail_lines, pipe.push, holder)
+            except Exception as exc:  # noqa: BLE001 - closed by us, or the container is gone
+                log.debug("log stream of %s ended: %s", container_id[:12], exc)
+            finally:
+                pipe.finish()
+
+        thread = threading.Thread(target=reader, name=f"logs-{kernel_id[:8]}", daemon=True)
+        thread.start()
+        try:
+            async for text in chunked_text(pipe):
+                yield text
+        finally:
+            pipe.close()
+            _shutdown_response(holder.get("response"))
+
+    # --- terminals ----------------------------------------------------------------------
+
+    async def spawn_terminal(
+        self,
+        kernel_id: str,
+        cols: int,
+        rows: int,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> TermChannel:
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING or not state.container_id:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        container_id = state.container_id
+
+        pidfile = f"{HOME}/.backendai/term-{uuid.uuid4().hex}.pid"
+
+        def open_exec() -> tuple[str, Any]:
+            exec_id = self.api.exec_create(
+                container_id,
+                ["/bin/sh", "-c", SHELL_SCRIPT, pidfile],
+                stdin=True,
+                tty=True,
+                user=f"{KERNEL_UID}:{KERNEL_GID}",
+                environment={"TERM": "xterm-256color", "HOME": HOME},
+                workdir=HOME,
+            )["Id"]
+            sock = self.api.exec_start(exec_id, tty=True, socket=True)
+            return exec_id, sock
+
+        exec_id, sock = await self._call(open_exec)
+        channel = ExecChannel(self, container_id, exec_id, pidfile, sock, on_data, on_eof)
+        await channel.resize(cols, rows)
+        return channel
+
+
+class ExecChannel(TermChannel):
+    """A ``docker exec`` TTY: its hijacked socket is read with the loop's add_reader."""
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        container_id: str,
+        exec_id: str,
+        pidfile: str,
+        sock: Any,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> None:
+        self.backend = backend
+        self.container_id = container_id
+        self.exec_id = exec_id
+        self.pidfile = pidfile
+        self.sock = sock  # keeps the HTTP response (and so the connection) alive
+        self.raw = getattr(sock, "_sock", sock)
+        self.loop = asyncio.get_running_loop()
+        self.on_data = on_data
+        self.on_eof = on_eof
+        self.out = bytearray()
+        self.reading = True
+        self.closed = False
+        self.raw.setblocking(False)
+        self.loop.add_reader(self.raw.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self.raw.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._stop_reading()
+            self.on_eof()
+            return
+        self.on_data(data)
+
+    def _stop_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.raw.fileno())
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.out += data
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            sent = self.raw.send(self.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self.out.clear()
+            return
+        del self.out[:sent]
+        if self.out:
+            self.loop.add_writer(self.raw.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        self.loop.remove_writer(self.raw.fileno())
+        self._flush()
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(DockerException):
+            await self.backend._call(
+                self.backend.api.exec_resize, self.exec_id, height=max(rows, 1), width=max(cols, 1)
+            )
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_reading()
+        with contextlib.suppress(Exception):
+            self.loop.remove_writer(self.raw.fileno())
+        with contextlib.suppress(Exception):
+            self.sock.close()
+        with contextlib.suppress(Exception):
+            self.raw.close()
+        # Closing the exec's socket does not end its shell: hang up the shell's group.
+        script = f"p=$(cat {self.pidfile}) && kill -HUP -- -$p $p 2>/dev/null; rm -f {self.pidfile}"
+        api = self.backend.api
+
+        def hangup() -> None:
+            exec_id = api.exec_create(
+                self.container_id, ["/bin/sh", "-c", script], user=f"{KERNEL_UID}:{KERNEL_GID}"
+            )["Id"]
+            api.exec_start(exec_id)
+
+        with contextlib.suppress(Exception):
+            await self.backend._call(hangup)

@@ -1,0 +1,120 @@
+"""Pure parts of the agent: option parsing, capacity detection, stream decoders, archives."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tarfile
+from decimal import Decimal
+
+import pytest
+
+from agent.backends.base import render_env_file, render_ssh_environment, trim_tail
+from agent.backends.docker import Dechunker, Demuxer, build_runner_archive
+from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1024", 1024), ("4g", 4 * 2**30), ("4G", 4 * 2**30), ("512m", 512 * 2**20), ("1.5k", 1536)],
+)
+def test_sizes_parse_as_binary_units(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_a_bad_size_is_refused():
+    with pytest.raises(ValueError):
+        parse_size("four gigs")
+
+
+def test_the_command_line_gives_a_config_with_overrides_and_labels():
+    cfg, _ = config_from_args(
+        ["--manager", "ws://127.0.0.1:8000", "--token", "T", "--cpu", "2.5", "--mem", "4g"]
+        + ["--gpus", "1", "--label", "zone=a", "--label", "disk=ssd", "--resource-group", "gpu"]
+    )
+    assert cfg.ws_url == "ws://127.0.0.1:8000/ws/agent/"
+    assert (cfg.cpu, cfg.mem, cfg.gpus) == (Decimal("2.5"), 4 * 2**30, 1)
+    assert cfg.labels == {"zone": "a", "disk": "ssd"}
+    assert cfg.resource_group == "gpu"
+    assert cfg.pull is False
+    assert "T" not in repr(cfg)  # the token never shows up in a repr (or a log of one)
+    assert capacity(cfg) == {"cpu": "2.5", "mem": str(4 * 2**30), "cuda.device": "1"}
+
+
+def test_capacity_is_read_from_proc_and_narrowed_by_cgroups(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       8000000 kB\nMemFree: 1 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    assert detect_mem(meminfo, cg) == 8000000 * 1024
+    (cg / "memory.max").write_text("1073741824\n")
+    assert detect_mem(meminfo, cg) == 2**30
+    (cg / "cpu.max").write_text("100000 100000\n")
+    assert detect_cpu(cg) == Decimal(1)
+    (cg / "cpu.max").write_text("max 100000\n")
+    assert detect_cpu(cg) >= 1
+
+
+def test_the_agent_key_is_a_stable_fingerprint_not_the_token():
+    a = AgentConfig(token="secret-token")
+    assert a.agent_key == AgentConfig(token="secret-token").agent_key
+    assert a.agent_key != AgentConfig(token="other").agent_key
+    assert "secret" not in a.agent_key
+
+
+def test_env_files_quote_values_for_sh_and_skip_what_ssh_cannot_carry():
+    env = {"A": "it's", "B": "x y", "BAD-NAME": "1", "ML": "a\nb"}
+    assert render_env_file(env) == "export A='it'\"'\"'s'\nexport B='x y'\nexport ML='a\nb'\n"
+    assert render_ssh_environment(env) == "A=it's\nB=x y\n"
+
+
+def test_a_tail_keeps_the_last_bytes():
+    assert trim_tail(b"0123456789", 4) == "6789"
+    assert trim_tail("é".encode() * 3, 5) == "\ufffdéé"
+
+
+def _frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxI", stream, len(data)) + data
+
+
+def _chunked(data: bytes, size: int) -> bytes:
+    out = b""
+    for i in range(0, len(data), size):
+        piece = data[i : i + size]
+        out += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("split", [1, 3, 7, 64, 10_000])
+def test_the_log_decoders_rebuild_the_stream_from_any_split(split):
+    payload = b"".join(_frame(1 + i % 2, f"line {i}\n".encode()) for i in range(200))
+    wire = _chunked(payload, 37)
+    dechunk, demux = Dechunker(), Demuxer()
+    out = b""
+    for i in range(0, len(wire), split):
+        out += demux.feed(dechunk.feed(wire[i : i + split]))
+    assert out == b"".join(f"line {i}\n".encode() for i in range(200))
+    assert dechunk.done
+
+
+def test_the_runner_archive_carries_keys_owned_by_the_kernel_user_with_strict_modes():
+    data = build_runner_archive(
+        {"BACKENDAI_CLUSTER_HOST": "sub1"}, {"private_key": "PRIV", "public_key": "ssh-ed25519 K"}
+    )
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        modes = {name: (m.mode, m.uid) for name, m in members.items()}
+        assert modes["home/work/.ssh"] == (0o700, 1000)
+        assert modes["home/work/.ssh/id_session"] == (0o600, 1000)
+        assert modes["home/work/.ssh/authorized_keys"] == (0o600, 1000)
+        assert modes["opt/backendai/entrypoint.sh"] == (0o755, 0)
+        assert "home/work" not in members  # the image's home keeps its owner and mode
+        config = tar.extractfile(members["home/work/.ssh/config"]).read().decode()
+        environment = tar.extractfile(members["home/work/.ssh/environment"]).read().decode()
+    assert "Host main* sub*" in config and "Port 2200" in config
+    assert environment == "BACKENDAI_CLUSTER_HOST=sub1\n"
+
+
+def test_without_ssh_keys_no_ssh_files_are_written():
+    with tarfile.open(fileobj=io.BytesIO(build_runner_archive({}, None))) as tar:
+        assert not [m for m in tar.getnames() if ".ssh" in m]

@@ -41,8 +41,8 @@ function render() {
   window.detailState = s;
   document.title = `${s.name} · Backend.AI Web`;
   $("d-badge").replaceChildren(badge(s.status), s.result && s.result !== "UNDEFINED" ? el(`span.result.result-${s.result}`, {}, s.result) : "");
-  $("d-reason").textContent = s.status_reason || "";
   const waiting = s.status === "PENDING";
+  $("d-reason").textContent = waiting ? "" : s.status_reason || "";
   $("d-waiting").hidden = !waiting;
   $("d-waiting-reason").textContent = s.status_reason || "waiting for the scheduler";
   $("d-terminate").disabled = isEnded(s.status);
@@ -99,7 +99,7 @@ function render() {
     el("li", {},
       el("time", { datetime: e.time, title: fmtTime(e.time) }, fmtStamp(e.time)),
       el("span.who", {}, e.kernel || "session"),
-      el("span.what", {}, e.from_status ? el("span", {}, badge(e.from_status), el("span.arrow", {}, " → ")) : null, badge(e.to_status), el("span.why", {}, e.reason)),
+      el("span.what", {}, e.from_status && e.from_status !== e.to_status ? el("span", {}, badge(e.from_status), el("span.arrow", {}, " → ")) : null, badge(e.to_status), el("span.why", {}, e.reason)),
     )));
 }
 

@@ -97,10 +97,10 @@ function showTab(hostname) {
     },
     onClose: ({ final, error, retryIn }) => {
       if (current !== mine) return;
+      if (error) { window.logsReady = false; setState("error", error.message); note(error.message); return; }
+      // A kept tail (or an ended kernel) closes normally: what is shown stays valid.
+      if (mine.ended || final || mine.live === false) return;
       window.logsReady = false;
-      if (error) { setState("error", error.message); note(error.message); return; }
-      if (mine.ended || final) return;
-      if (mine.live === false) return; // a kept tail: nothing more will come
       setState("", `disconnected; retrying in ${Math.round(retryIn / 1000)} s`);
     },
     // A kept tail closes normally: do not reconnect for it.

@@ -1,0 +1,337 @@
+"""End-to-end set-up: daphne on loopback over the pytest database, a real agent
+with the Docker backend, the project's own kernel images, and Debian's Chromium
+driven by Playwright (never a downloaded browser).
+
+Outside CI a missing part (Chromium, Docker, the kernel images) skips with the
+reason; under ``CI=true`` it fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import skip_or_fail
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "e2e"
+CHROMIUM = os.environ.get("BAI_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+IMAGES = {
+    "bai-kernel/python:1": ("Python 3", True),
+    "bai-kernel/minimal:1": ("Minimal (busybox)", False),
+}
+PASSWORDS = {"alice": "alice-pass-123", "bob": "bob-pass-123"}
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback only
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    if not Path(CHROMIUM).exists():
+        skip_or_fail(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        skip_or_fail("the playwright Python package is not installed")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    try:
+        import docker
+
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means no usable engine
+        skip_or_fail(f"no Docker engine answers ({exc})")
+    return client
+
+
+@pytest.fixture(scope="session")
+def kernel_images(docker_client) -> list[str]:
+    """The project's own kernel images (built locally and cached; nothing is pulled)."""
+    from docker.errors import ImageNotFound
+
+    missing = []
+    for ref in IMAGES:
+        try:
+            docker_client.images.get(ref)
+        except ImageNotFound:
+            missing.append(ref)
+    if missing:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "build_kernel_images"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if result.returncode != 0:
+            skip_or_fail(f"building the kernel images failed: {result.stderr[-500:]}")
+    return list(IMAGES)
+
+
+@pytest.fixture
+def channel_prefix(settings) -> str:
+    """One prefix for this test's processes, so other test runs on the same Redis stay out."""
+    prefix = f"e2e{uuid.uuid4().hex[:10]}"
+    layers = dict(settings.CHANNEL_LAYERS)
+    default = dict(layers["default"])
+    default["CONFIG"] = {**default["CONFIG"], "prefix": prefix}
+    settings.CHANNEL_LAYERS = {**layers, "default": default}
+    return prefix
+
+
+@pytest.fixture
+def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str:
+    """daphne in a subprocess on 127.0.0.1, over this test's database.
+
+    Celery runs eagerly there as here, so a session created through a page is
+    scheduled inline.
+    """
+    from django.db import connection
+
+    db = connection.settings_dict
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "BAI_CHANNEL_PREFIX": channel_prefix,
+        "CELERY_TASK_ALWAYS_EAGER": "true",
+        "BAI_STORAGE_ROOT": str(settings.BAI_STORAGE_ROOT),
+        "BAI_VAR_DIR": str(tmp_path / "var"),
+        "BAI_AGENT_HEARTBEAT_INTERVAL": "1",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DEBUG": "false",  # the pages users see, not Django's debug pages
+    }
+    if "postgresql" not in db["ENGINE"]:
+        pytest.skip("the live server shares the test database: run on PostgreSQL")
+    log = open(tmp_path / "daphne.log", "w")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "backendai_web.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{url}/login/", proc)
+        yield url
+    finally:
+        _stop(proc)
+        log.close()
+        tail = (tmp_path / "daphne.log").read_text()[-4000:]
+        if re.search(r"Traceback|ERROR", tail):
+            print("--- daphne log (tail) ---\n" + tail)
+
+
+@pytest.fixture
+def images(group):
+    from sessions_app.models import Image
+
+    return {
+        ref: Image.objects.get_or_create(
+            reference=ref, defaults={"display_name": name, "supports_ssh": ssh}
+        )[0]
+        for ref, (name, ssh) in IMAGES.items()
+    }
+
+
+@pytest.fixture
+def users(alice, bob, settings):
+    """alice and bob with passwords the live server can check (its hashers are the defaults)."""
+    from django.conf import global_settings
+
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    for user in (alice, bob):
+        user.set_password(PASSWORDS[user.username])
+        user.save(update_fields=["password"])
+    return {"alice": alice, "bob": bob}
+
+
+@pytest.fixture
+def real_agent(live_server_url, make_agent, kernel_images, docker_client, settings, tmp_path):
+    """``python -m agent --backend docker`` registered with the live server.
+
+    Its containers are removed at the end whatever happened.
+    """
+    from sessions_app.models import Agent
+
+    # Two cores, as small CI machines have: a container may not ask for more than the host has.
+    agent = make_agent("e2e-node", cpu="2", mem=8 * 2**30)
+    Agent.objects.filter(pk=agent.pk).update(status="LOST", first_contact_at=None)
+    manager = live_server_url.replace("http://", "ws://")
+    log = open(tmp_path / "agent.log", "w")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "--manager",
+            manager,
+            "--token",
+            agent.plain_token,
+            "--backend",
+            "docker",
+            "--cpu",
+            "2",
+            "--mem",
+            "8g",
+            "--work-dir",
+            str(tmp_path / "agent"),
+            "--data-root",
+            str(settings.BAI_STORAGE_ROOT),
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    key = hashlib.sha256(agent.plain_token.encode()).hexdigest()[:16]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            agent.refresh_from_db()
+            if agent.status == "ALIVE" and agent.first_contact_at is not None:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "the agent did not register:\n" + (tmp_path / "agent.log").read_text()[-3000:]
+                )
+            time.sleep(0.1)
+        yield agent
+    finally:
+        _stop(proc)
+        log.close()
+        for container in docker_client.containers.list(
+            all=True, filters={"label": f"ai.backend.agent-key={key}"}
+        ):
+            container.remove(force=True)
+        for network in docker_client.networks.list(filters={"label": "ai.backend.managed=true"}):
+            if not network.containers:
+                try:
+                    network.remove()
+                except Exception:  # noqa: BLE001 - another test's network in use
+                    pass
+
+
+@pytest.fixture
+def browser(chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+class Shots:
+    """Screenshots at named steps: test-artifacts/e2e/<test>/<step>.png."""
+
+    def __init__(self, test_name: str) -> None:
+        self.dir = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]", "_", test_name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.count = 0
+
+    def __call__(self, page, step: str, full_page: bool = False) -> Path:
+        self.count += 1
+        path = self.dir / f"{self.count:02d}-{step}.png"
+        page.screenshot(path=str(path), full_page=full_page)
+        return path
+
+
+@pytest.fixture
+def shot(request) -> Shots:
+    return Shots(request.node.name)
+
+
+@pytest.fixture
+def login(browser, live_server_url, shot):
+    """``login("alice")`` → a page logged in as that user, on the sessions list."""
+    contexts = []
+
+    def do(username: str, *, screenshot: bool = True):
+        context = browser.new_context(viewport={"width": 1440, "height": 900})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.js_errors = errors
+        page.goto(f"{live_server_url}/login/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", PASSWORDS[username])
+        if screenshot:
+            shot(page, f"login-{username}")
+        page.click("button[type=submit]")
+        page.wait_for_load_state()
+        if "/login/" in page.url:
+            raise AssertionError(f"login as {username} failed: {page.inner_text('main')[:500]}")
+        page.wait_for_function("window.wsReady === true")
+        return page
+
+    yield do
+    for context in contexts:
+        context.close()

@@ -364,7 +364,13 @@ class Agent:
                     }
                 )
         except KernelError as exc:
-            self.emit({"type": protocol.ERROR, "message": f"logs_follow {stream_id}: {exc}"})
+            self.emit(
+                {
+                    "type": protocol.ERROR,
+                    "message": f"logs_follow {stream_id}: {exc}",
+                    "stream_id": stream_id,
+                }
+            )
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -53,6 +53,14 @@ KR_EXITED = "exited"  # the kernel's process / container ended; exit_code is set
 KR_ERROR = "error"  # could not be created; reason says why (e.g. image missing)
 KR_GONE = "gone"  # destroyed on request; nothing is left on the node
 KERNEL_REPORT_STATUSES = (KR_PREPARING, KR_PULLING, KR_RUNNING, KR_EXITED, KR_ERROR, KR_GONE)
+# Notes on reports (agent behaviour, no new fields):
+# - "gone" for a kernel the agent never knew carries "session_id": "" (it cannot know it).
+# - "exited" may carry "exit_code": None with a reason when the agent cannot learn the
+#   code (a process-backend kernel that ended while the agent was down).
+# - "container_id" is the Docker container id, or the process group id (as a string)
+#   on the process backend.
+# - a term_input or term_close for an unknown term_id is answered with term_closed
+#   ("no such terminal"), so the browser side can stop waiting.
 
 # --- manager -> agent -------------------------------------------------------
 # {"type": "registered", "agent_id": str, "heartbeat_interval": float}
@@ -90,7 +98,10 @@ TERM_RESIZE = "term_resize"
 TERM_DETACH = "term_detach"
 # {"type": "term_close", "term_id": str}  -- end the shell now.
 TERM_CLOSE = "term_close"
-# {"type": "error", "message": str}
+# {"type": "error", "message": str, "stream_id"?: str}
+#   either direction. Added for the agent: a failed logs_follow (e.g. unknown kernel)
+#   answers with an error carrying that request's "stream_id", so the gateway can tell
+#   the one browser stream; the field is absent in other errors.
 ERROR = "error"
 
 

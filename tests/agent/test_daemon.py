@@ -184,3 +184,15 @@ async def test_it_exits_without_retry_on_a_bad_token_and_never_logs_the_token(
     assert "unknown token" in agent_logs
     assert "Authorization: [redacted]" in agent_logs  # the handshake was logged, masked
     assert secret not in agent_logs
+
+
+@pytest.mark.asyncio
+async def test_following_the_log_of_an_unknown_kernel_answers_an_error_for_that_stream(
+    running, manager
+):
+    await manager.frames.wait_for(type=protocol.REGISTER)
+    await manager.send(
+        {"type": protocol.LOGS_FOLLOW, "kernel_id": "ghost", "stream_id": "S9", "tail": 100}
+    )
+    err = await manager.frames.wait_for(type=protocol.ERROR, stream_id="S9")
+    assert "ghost" in err["message"]

@@ -752,6 +752,9 @@ def kernel_apply_report(*, kernel: Kernel, report: dict[str, Any]) -> None:
     exit_code = report.get("exit_code")
     container_id = report.get("container_id") or kernel.container_id
     with transaction.atomic():
+        # Lock order everywhere: the session row, then its kernels (as
+        # session_terminate does), so the two paths cannot deadlock.
+        Session.objects.select_for_update().filter(pk=kernel.session_id).first()
         kernel = Kernel.objects.select_for_update().get(pk=kernel.pk)
         if kernel.status in TERMINAL:
             return

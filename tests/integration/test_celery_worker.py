@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,6 @@ def worker(tmp_path):
     db = settings.DATABASES["default"]
     if db["ENGINE"] != "django.db.backends.postgresql":
         pytest.skip("the worker shares the test database, which needs PostgreSQL")
-    # A queue of this run's own: another test run's worker must not take the task.
-    queue = f"test-{uuid.uuid4().hex[:12]}"
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -59,11 +56,9 @@ def worker(tmp_path):
     # This process now sends tasks to the broker instead of running them inline.
     settings.CELERY_TASK_ALWAYS_EAGER = False
     celery_app.conf.task_always_eager = False
-    celery_app.conf.task_default_queue = queue
     yield proc
     settings.CELERY_TASK_ALWAYS_EAGER = True
     celery_app.conf.task_always_eager = True
-    celery_app.conf.task_default_queue = "celery"
     proc.terminate()
     proc.wait(timeout=20)
     log.close()

@@ -1,0 +1,488 @@
+"""Stream benchmarks over the whole path: websocket client → daphne → channel
+layer (Redis) → agent gateway → agent → container, and back.
+
+    DATABASE_URL=postgres://…/bai_bench REDIS_URL=redis://127.0.0.1:6379/0 \\
+        python bench/streams.py [--echoes 1000] [--lines 500000] [--terminals 500]
+
+It migrates the given database (use a throwaway one), starts one daphne and one
+Docker agent on loopback, launches sessions on the project's kernel images and
+measures:
+
+1. keystroke echo round trip through the whole path, against a raw
+   ``docker exec`` TTY echo into the same container in the same run
+   (targets: p50 <= 3 ms, p99 <= 20 ms);
+2. log throughput from a container printing as fast as it can to a websocket
+   client, every line checked in order (target: >= 50,000 lines/s);
+3. N terminal websockets open at once on the one daphne, each typing, with
+   the echo p99 across all of them (target: p99 <= 50 ms at 500).
+
+Not part of the test run. Prints the figures and the conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def fmt_ms(values: list[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return (
+        f"p50 {pct(ms, 50):.2f} ms  p90 {pct(ms, 90):.2f} ms  p99 {pct(ms, 99):.2f} ms  "
+        f"max {max(ms):.2f} ms  (n={len(ms)})"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- set-up -------------------------------------------------------------------
+
+
+def setup_database() -> dict:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from sessions_app.models import Agent, Image, Kernel, ResourceGroup, ResourcePolicy, Session
+
+    group, _ = ResourceGroup.objects.get_or_create(name="default")
+    ResourcePolicy.objects.get_or_create(
+        is_default=True, defaults={"name": "default", "max_concurrent_sessions": 50}
+    )
+    for ref in ("bai-kernel/minimal:1", "bai-kernel/python:1"):
+        Image.objects.get_or_create(reference=ref)
+    user, _ = User.objects.get_or_create(username="bench")
+    token, _ = Token.objects.get_or_create(user=user)
+    # A fresh run: end what a previous run left behind.
+    ended = ["TERMINATED", "ERROR", "CANCELLED"]
+    Kernel.objects.filter(session__owner=user).exclude(status__in=ended).update(
+        status="TERMINATED", status_reason="bench reset"
+    )
+    Session.objects.filter(owner=user).exclude(status__in=ended).update(
+        status="TERMINATED", status_reason="bench reset"
+    )
+    agent = Agent.objects.filter(pk="bench-node").first() or Agent(
+        id="bench-node", resource_group=group, capacity_slots={}
+    )
+    agent_token = agent.set_new_token()
+    agent.save()
+    return {"token": token.key, "agent_token": agent_token}
+
+
+class Stack:
+    """daphne + agent subprocesses on loopback."""
+
+    def __init__(self, agent_token: str) -> None:
+        self.agent_token = agent_token
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tmp = Path(tempfile.mkdtemp(prefix="bai-bench-"))
+        self.prefix = f"bench{uuid.uuid4().hex[:8]}"
+        env = {
+            **os.environ,
+            "BAI_CHANNEL_PREFIX": self.prefix,
+            "CELERY_TASK_ALWAYS_EAGER": "true",
+            "DEBUG": "false",
+            "ALLOWED_HOSTS": "127.0.0.1",
+            "LOG_LEVEL": "WARNING",
+            "BAI_VAR_DIR": str(self.tmp / "var"),
+        }
+        self.daphne = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "backendai_web.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=open(self.tmp / "daphne.log", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_http()
+        self.agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent",
+                "--manager",
+                f"ws://127.0.0.1:{self.port}",
+                "--token",
+                agent_token,
+                "--backend",
+                "docker",
+                "--mem",
+                "16g",
+                "--cpu",
+                "64",
+                "--work-dir",
+                str(self.tmp / "agent"),
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            stdout=open(self.tmp / "agent.log", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+
+    def _wait_http(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(self.url + "/login/", timeout=1)  # noqa: S310
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit("daphne did not start; see " + str(self.tmp / "daphne.log"))
+
+    def stop(self) -> None:
+        for proc in (self.agent, self.daphne):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        import hashlib
+
+        import docker
+
+        key = hashlib.sha256(self.agent_token.encode()).hexdigest()[:16]
+        client = docker.from_env()
+        for container in client.containers.list(
+            all=True, filters={"label": f"ai.backend.agent-key={key}"}
+        ):
+            container.remove(force=True)
+
+
+def api(stack: Stack, token: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(
+        f"{stack.url}/api/v1/{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
+        method="POST" if body is not None else "GET",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+        return json.loads(response.read())
+
+
+def launch(stack: Stack, token: str, spec: dict) -> dict:
+    session = api(stack, token, "sessions/", spec)
+    deadline = time.monotonic() + 120
+    while session["status"] != "RUNNING":
+        if session["status"] in ("ERROR", "CANCELLED", "TERMINATED") or time.monotonic() > deadline:
+            raise SystemExit(
+                f"session did not start: {session['status']} {session['status_reason']}"
+            )
+        time.sleep(0.1)
+        session = api(stack, token, f"sessions/{session['id']}/")
+    return session
+
+
+# --- websocket helpers --------------------------------------------------------
+
+
+async def open_terminal(stack: Stack, token: str, session_id: str):
+    from websockets.asyncio.client import connect
+
+    ws = await connect(
+        f"ws://127.0.0.1:{stack.port}/ws/sessions/{session_id}/terminal/?term={uuid.uuid4()}",
+        additional_headers={"Authorization": f"Token {token}"},
+        origin=f"http://127.0.0.1:{stack.port}",
+        max_size=None,
+        compression=None,
+        open_timeout=60,
+    )
+    while True:
+        msg = json.loads(await ws.recv())
+        if msg["type"] == "ready":
+            break
+        if msg["type"] == "error":
+            raise SystemExit(f"terminal refused: {msg}")
+    await settle(ws)
+    return ws
+
+
+async def settle(ws, quiet: float = 0.3, limit: float = 20) -> None:
+    """Read until the shell has been quiet for a while (the prompt is out)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.wait_for(ws.recv(), quiet)
+        except TimeoutError:
+            return
+
+
+async def ws_echo_once(ws, key: str) -> float:
+    frame = json.dumps({"type": "input", "data": key})
+    start = time.perf_counter()
+    await ws.send(frame)
+    echoed = "\b" if key == "\x7f" else key
+    while True:
+        msg = json.loads(await ws.recv())
+        # Only the echo of this key counts, not late output of an earlier one.
+        if msg["type"] == "output" and echoed in msg["data"]:
+            return time.perf_counter() - start
+
+
+async def ws_echo(ws, count: int) -> list[float]:
+    out = []
+    for i in range(count):
+        out.append(await ws_echo_once(ws, "a" if i % 2 == 0 else "\x7f"))
+    return out
+
+
+def docker_exec_echo(container_id: str, count: int) -> list[float]:
+    import docker
+
+    client = docker.APIClient()
+    exec_id = client.exec_create(container_id, ["/bin/sh"], stdin=True, tty=True)["Id"]
+    sock = client.exec_start(exec_id, tty=True, socket=True)
+    raw = getattr(sock, "_sock", sock)
+    raw.settimeout(5)
+    time.sleep(0.5)
+    raw.setblocking(False)
+    try:
+        while raw.recv(65536):
+            pass
+    except BlockingIOError:
+        pass
+    raw.setblocking(True)
+    raw.settimeout(5)
+    out = []
+    for i in range(count):
+        key = b"a" if i % 2 == 0 else b"\x7f"
+        start = time.perf_counter()
+        raw.sendall(key)
+        raw.recv(65536)
+        out.append(time.perf_counter() - start)
+    raw.sendall(b"\x15exit\n")
+    sock.close()
+    return out
+
+
+# --- benchmarks ---------------------------------------------------------------
+
+
+async def bench_echo(stack: Stack, token: str, session: dict, count: int) -> dict:
+    ws = await open_terminal(stack, token, session["id"])
+    await ws_echo(ws, 100)  # warm-up
+    through = await ws_echo(ws, count)
+    await ws.send(json.dumps({"type": "close"}))
+    await ws.close()
+    container = session["kernels"][0]["container_id"]
+    raw = await asyncio.to_thread(docker_exec_echo, container, count)
+    return {"ws": through, "raw": raw}
+
+
+async def bench_logs(stack: Stack, token: str, lines: int) -> dict:
+    from websockets.asyncio.client import connect
+
+    delay = 4
+    session = await asyncio.to_thread(
+        launch,
+        stack,
+        token,
+        {
+            "image": "bai-kernel/minimal:1",
+            "type": "batch",
+            "name": f"bench-logs-{uuid.uuid4().hex[:6]}",
+            "startup_command": f"sleep {delay}; seq 1 {lines}; sleep 600",
+            "resources": {"cpu": "1", "mem": "256m"},
+        },
+    )
+    ws = await connect(
+        f"ws://127.0.0.1:{stack.port}/ws/sessions/{session['id']}/kernels/main1/logs/",
+        additional_headers={"Authorization": f"Token {token}"},
+        origin=f"http://127.0.0.1:{stack.port}",
+        max_size=None,
+        compression=None,
+    )
+    expected = 1
+    rest = ""
+    first = None
+    last = None
+    out_of_order = 0
+    chunks = 0
+    deadline = time.monotonic() + delay + 120
+    while expected <= lines and time.monotonic() < deadline:
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        if msg["type"] != "chunk":
+            continue
+        if first is None:
+            first = time.perf_counter()
+        chunks += 1
+        parts = (rest + msg["data"]).split("\n")
+        rest = parts.pop()
+        for line in parts:
+            if int(line) != expected:
+                out_of_order += 1
+            expected += 1
+        last = time.perf_counter()
+    await ws.close()
+    api(stack, token, f"sessions/{session['id']}/terminate/", {})
+    received = expected - 1
+    seconds = (last - first) if first and last else float("nan")
+    return {
+        "lines": lines,
+        "received": received,
+        "out_of_order": out_of_order,
+        "chunks": chunks,
+        "seconds": seconds,
+        "rate": received / seconds if seconds else 0,
+    }
+
+
+async def bench_many(stack: Stack, token: str, session: dict, count: int, echoes: int) -> dict:
+    sockets = []
+    started = time.perf_counter()
+    for batch in range(0, count, 25):
+        sockets += await asyncio.gather(
+            *(open_terminal(stack, token, session["id"]) for _ in range(min(25, count - batch)))
+        )
+    opened = time.perf_counter() - started
+
+    async def typist(ws) -> list[float]:
+        out = []
+        for i in range(echoes):
+            await asyncio.sleep(random.uniform(0.05, 0.5))
+            out.append(await ws_echo_once(ws, "a" if i % 2 == 0 else "\x7f"))
+        return out
+
+    results = await asyncio.gather(*(typist(ws) for ws in sockets))
+    for ws in sockets:
+        await ws.send(json.dumps({"type": "close"}))
+        await ws.close()
+    return {"rtts": [r for rs in results for r in rs], "open_seconds": opened}
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--echoes", type=int, default=1000)
+    parser.add_argument("--lines", type=int, default=500_000)
+    parser.add_argument("--terminals", type=int, default=500)
+    parser.add_argument("--terminal-echoes", type=int, default=10)
+    parser.add_argument("--skip", action="append", default=[], choices=["echo", "logs", "many"])
+    args = parser.parse_args()
+
+    keys = await asyncio.to_thread(setup_database)
+    stack = Stack(keys["agent_token"])
+    token = keys["token"]
+    from django.conf import settings
+
+    try:
+        for _ in range(300):
+            from sessions_app.models import Agent
+
+            agent = await asyncio.to_thread(Agent.objects.get, pk="bench-node")
+            if agent.status == "ALIVE":
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise SystemExit("the agent did not register; see " + str(stack.tmp / "agent.log"))
+        print("conditions:")
+        print(
+            f"  host: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+            f"Linux {platform.release()}, Python {platform.python_version()}"
+        )
+        print(
+            f"  one daphne process, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND']}"
+            f" on {settings.REDIS_URL}, one agent (Docker backend), all on loopback"
+        )
+        session = await asyncio.to_thread(
+            launch,
+            stack,
+            token,
+            {
+                "image": "bai-kernel/minimal:1",
+                "name": f"bench-term-{uuid.uuid4().hex[:6]}",
+                "resources": {"cpu": "2", "mem": "2g"},
+            },
+        )
+        print(
+            f"  terminal kernel: bai-kernel/minimal:1 (busybox sh), container "
+            f"{session['kernels'][0]['container_id'][:12]}"
+        )
+        failed = False
+        if "echo" not in args.skip:
+            echo = await bench_echo(stack, token, session, args.echoes)
+            ok = pct(echo["ws"], 50) <= 0.003 and pct(echo["ws"], 99) <= 0.020
+            failed |= not ok
+            print("\n1. keystroke echo, one terminal (one key in flight at a time)")
+            print(
+                f"   whole path (ws → daphne → layer → agent → exec TTY → back): {fmt_ms(echo['ws'])}"
+            )
+            print(
+                f"   raw docker exec TTY, same container:                       {fmt_ms(echo['raw'])}"
+            )
+            print(f"   target p50 <= 3 ms, p99 <= 20 ms: {'met' if ok else 'MISSED'}")
+        if "logs" not in args.skip:
+            logs = await bench_logs(stack, token, args.lines)
+            ok = (
+                logs["rate"] >= 50_000
+                and logs["received"] == logs["lines"]
+                and not logs["out_of_order"]
+            )
+            failed |= not ok
+            print("\n2. log throughput: `seq 1 N` in a container, followed over the logs websocket")
+            print(
+                f"   {logs['received']:,} of {logs['lines']:,} lines in {logs['seconds']:.2f} s = "
+                f"{logs['rate']:,.0f} lines/s, {logs['out_of_order']} out of order, "
+                f"{logs['chunks']:,} websocket frames"
+            )
+            print(f"   target >= 50,000 lines/s, all in order: {'met' if ok else 'MISSED'}")
+        if "many" not in args.skip:
+            many = await bench_many(stack, token, session, args.terminals, args.terminal_echoes)
+            ok = pct(many["rtts"], 99) <= 0.050
+            failed |= not ok
+            print(
+                f"\n3. {args.terminals} terminal websockets open at once on one daphne "
+                f"(opened in {many['open_seconds']:.1f} s), each typing "
+                f"{args.terminal_echoes} keys 50-500 ms apart"
+            )
+            print(f"   echo across all: {fmt_ms(many['rtts'])}")
+            print(f"   target p99 <= 50 ms: {'met' if ok else 'MISSED'}")
+        await asyncio.to_thread(api, stack, token, f"sessions/{session['id']}/terminate/", {})
+        return 1 if failed else 0
+    finally:
+        await asyncio.sleep(1)  # let the agent act on the terminate
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -237,3 +237,24 @@ def test_a_plain_user_cannot_reach_another_users_terminal(
     )
     assert logs == 4404
     shot(page, "bob-refused")
+
+
+def test_the_apis_field_errors_appear_beside_their_fields(
+    live_server_url, images, users, login, shot
+):
+    page = login("alice")
+    _launch(page, image="bai-kernel/minimal:1", cpu="0", name="bad input!")
+    page.click("#env-add")
+    page.fill('#f-env .env-row:last-child [data-env="key"]', "1BAD")
+    page.click("#launch-submit")
+    page.locator(".field-error").first.wait_for()
+    errors = dict(
+        page.eval_on_selector_all(
+            ".field-error", "els => els.map(e => [e.dataset.errorFor, e.textContent])"
+        )
+    )
+    assert {"name", "resources", "env"} <= set(errors), errors
+    assert page.is_visible("#launch-error")
+    # Still the form, nothing launched.
+    assert page.is_visible("#launch-form") and not page.is_visible("#launch-progress")
+    shot(page, "launch-field-errors")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count, Q, TextField
+from django.db.models.functions import Cast
 
 from sessions_app.models import (
     ACTIVE,
@@ -29,10 +31,30 @@ from . import policy
 # A slot a policy does not list is unlimited; the policy type reads a missing
 # slot as 0, so unlisted known slots get an amount no request reaches.
 _UNLIMITED = Decimal(10) ** 30
+_ZERO = Decimal(0)
 
 
 def _slots(raw: dict[str, Any] | None) -> policy.ResourceSlots:
     return policy.ResourceSlots.from_mapping(raw or {})
+
+
+class _SlotsCache:
+    """Parse each distinct stored slot dict once per pass: thousands of kernels
+    share a handful of shapes, and parsing exact decimals is the costly part."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, policy.ResourceSlots] = {}
+
+    def __call__(self, text: str | None) -> policy.ResourceSlots:
+        slots = self._parsed.get(text or "")
+        if slots is None:
+            slots = self._parsed[text or ""] = _slots(json.loads(text) if text else None)
+        return slots
+
+
+def _as_text(field: str) -> Cast:
+    # The stored JSON as text: no per-row decoding, and the text is the cache key.
+    return Cast(field, output_field=TextField())
 
 
 def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
@@ -55,38 +77,56 @@ def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
     )
 
 
+def _sum_slots(rows: Any) -> dict[Any, dict[str, Decimal]]:
+    """(key, slots as JSON text) rows summed per key, exactly; each distinct text
+    is decoded once (thousands of kernels share a few shapes)."""
+    totals: dict[Any, dict[str, Decimal]] = defaultdict(dict)
+    parsed: dict[str, list[tuple[str, Decimal]]] = {}
+    for key, text in rows:
+        items = parsed.get(text)
+        if items is None:
+            items = parsed[text] = [(k, Decimal(str(v))) for k, v in json.loads(text).items()]
+        held = totals[key]
+        for slot, value in items:
+            held[slot] = held.get(slot, _ZERO) + value
+    return totals
+
+
 def agent_occupancy(*, agent_ids: list[str]) -> dict[str, dict[str, Decimal]]:
     """Slots held on each agent by kernels that occupy resources (derived, never stored first)."""
-    occupied: dict[str, dict[str, Decimal]] = defaultdict(dict)
-    rows = Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
-        "agent_id", "requested_slots"
+    return _sum_slots(
+        Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
+            "agent_id", _as_text("requested_slots")
+        )
     )
-    for agent_id, requested in rows:
-        held = occupied[agent_id]
-        for slot, value in requested.items():
-            held[slot] = held.get(slot, Decimal(0)) + Decimal(value)
-    return occupied
 
 
 def build_snapshot(
     *, group: ResourceGroup, now: datetime, pending: list[Session]
 ) -> policy.Snapshot:
-    """Everything the policy needs for one pass over ``group``'s pending sessions."""
+    """Everything the policy needs for one pass over ``pending``: the PENDING
+    sessions of ``group`` that the pass holds (schedule_pass locks them)."""
     group_names = dict(ResourceGroup.objects.values_list("pk", "name"))
+    slots = _SlotsCache()
+    # Kernels and dependencies are read by a join on the group's pending
+    # sessions rather than by a list of thousands of ids: the same rows, or a
+    # few more (sessions that arrived since or that another transaction holds),
+    # which nothing below looks up.
+    in_queue = Q(session__resource_group=group, session__status=Status.PENDING)
     kernels_by_session: dict[Any, list[policy.KernelRequest]] = defaultdict(list)
     for kernel_id, session_id, requested in (
-        Kernel.objects.filter(session__in=[s.pk for s in pending])
+        Kernel.objects.filter(in_queue)
         .order_by("local_rank")
-        .values_list("pk", "session_id", "requested_slots")
+        .values_list("pk", "session_id", _as_text("requested_slots"))
     ):
         kernels_by_session[session_id].append(
-            policy.KernelRequest(str(kernel_id), _slots(requested))
+            policy.KernelRequest(str(kernel_id), slots(requested))
         )
 
     depends: dict[Any, list[str]] = defaultdict(list)
     through = Session.depends_on.through
     for from_id, to_id in through.objects.filter(
-        from_session_id__in=[s.pk for s in pending]
+        from_session__resource_group=group, from_session__status=Status.PENDING
     ).values_list("from_session_id", "to_session_id"):
         depends[from_id].append(str(to_id))
     dependency_ids = {d for ds in depends.values() for d in ds}
@@ -116,13 +156,13 @@ def build_snapshot(
     agents = list(
         Agent.objects.filter(
             resource_group=group, status=AgentStatus.ALIVE, schedulable=True
-        ).values_list("pk", "capacity_slots")
+        ).values_list("pk", _as_text("capacity_slots"))
     )
     occupied = agent_occupancy(agent_ids=[pk for pk, _ in agents])
     agent_states = tuple(
         policy.AgentState(
             agent_id=pk,
-            capacity=_slots(capacity),
+            capacity=slots(capacity),
             occupied=policy.ResourceSlots.from_mapping(occupied.get(pk, {})),
         )
         for pk, capacity in agents
@@ -177,13 +217,11 @@ def owner_usage(*, owner_ids: set[int]) -> dict[str, policy.OwnerUsage]:
             ),
         )
     }
-    held: dict[int, dict[str, Decimal]] = defaultdict(dict)
-    for owner_id, requested in Kernel.objects.filter(
-        session__owner_id__in=owner_ids, status__in=OCCUPYING
-    ).values_list("session__owner_id", "requested_slots"):
-        mine = held[owner_id]
-        for slot, value in requested.items():
-            mine[slot] = mine.get(slot, Decimal(0)) + Decimal(value)
+    held = _sum_slots(
+        Kernel.objects.filter(session__owner_id__in=owner_ids, status__in=OCCUPYING).values_list(
+            "session__owner_id", _as_text("requested_slots")
+        )
+    )
     return {
         str(uid): policy.OwnerUsage(
             occupied=policy.ResourceSlots.from_mapping(held.get(uid, {})),

@@ -138,7 +138,7 @@ class AgentAdmin(admin.ModelAdmin):
             request,
             format_html(
                 "Token for agent <b>{}</b> (shown only now, stored hashed): <code>{}</code><br>"
-                "Start it with: <code>python -m agent --manager ws://HOST:PORT --token {}</code>",
+                "Start it with: <code>BACKENDAI_AGENT_TOKEN={} python -m agent --manager ws://HOST:PORT</code>",
                 agent.id,
                 token,
                 token,

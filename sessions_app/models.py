@@ -199,7 +199,8 @@ class Agent(models.Model):
 
     def set_new_token(self) -> str:
         """Give the agent a fresh token; returns it (shown once, stored hashed)."""
-        token = secrets.token_urlsafe(32)
+        # Hex: never starts with "-", so it is safe as a command-line value.
+        token = secrets.token_hex(32)
         self.token_hash = hash_token(token)
         self.token_prefix = token[:8]
         return token
@@ -512,7 +513,7 @@ class Session(_Transitions):
             ),
             models.UniqueConstraint(
                 fields=["owner", "name"],
-                condition=~Q(status__in=[s.value for s in TERMINAL]),
+                condition=~Q(status__in=sorted(s.value for s in TERMINAL)),
                 name="unique_active_session_name_per_owner",
             ),
         ]

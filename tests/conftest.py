@@ -131,8 +131,12 @@ def api(client):
 @pytest.fixture
 def live_system(transactional_db, tmp_path, group):
     """daphne on the test database (see tests/live.py); agents via ``start_agent``."""
+    from django.db import connection
+
     from tests.live import LiveSystem
 
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        skip_or_fail("a live server needs a database other processes can open (set DATABASE_URL)")
     system = LiveSystem(tmp_path).start()
     yield system
     system.stop()

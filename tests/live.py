@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from channels.testing.live import make_application, set_database_connection
+from channels.testing.live import make_application
 from daphne.testing import DaphneProcess
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
@@ -42,7 +42,9 @@ class LiveSystem:
 
     def start(self) -> LiveSystem:
         get_application = partial(make_application, static_wrapper=ASGIStaticFilesHandler)
-        self.server = DaphneProcess("127.0.0.1", get_application, setup=set_database_connection)
+        # The forked child inherits the test database settings as they are now
+        # (NAME already points at the test database), so no set-up is needed.
+        self.server = DaphneProcess("127.0.0.1", get_application)
         self.server.start()
         while not self.server.ready.wait(timeout=1):
             if not self.server.is_alive():
@@ -74,7 +76,8 @@ class LiveSystem:
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # The token goes by environment: never on a command line (ps shows those).
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "BACKENDAI_AGENT_TOKEN": agent.plain_token},
         )
         self.agents[agent.pk] = proc
         return proc

@@ -619,9 +619,19 @@ class DockerBackend(Backend):
             nets = self._networks_named(name)
         if not nets:
             raise KernelError(f"network {name} vanished while being created")
-        # Two agents racing may both create one; all agree on the oldest.
+        # Two agents on one engine may both create it (the engine's duplicate
+        # check is not atomic). All agree on the oldest, and whoever sees a
+        # younger twin removes it before any container joins it: the engine
+        # resolves a container's networks by name when it starts, so twins
+        # must not survive.
         nets.sort(key=lambda n: (n.get("Created", ""), n["Id"]))
         chosen = nets[0]
+        for twin in nets[1:]:
+            try:
+                self.api.remove_network(twin["Id"])
+                log.info("removed a duplicate network %s (%s)", name, twin["Id"][:12])
+            except (NotFound, APIError):
+                pass  # the other agent removed it already
         if not chosen.get("Internal"):
             raise KernelError(f"network {name} exists and is not internal; refusing to use it")
         return chosen["Id"]

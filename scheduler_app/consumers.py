@@ -24,6 +24,13 @@ from . import services
 logger = logging.getLogger(__name__)
 
 
+def _db(func):  # type: ignore[no-untyped-def]
+    """Run ORM work in the shared thread pool, not the single thread-sensitive
+    executor: many agents report at once, and one slow call must not queue
+    every other agent's work behind it."""
+    return database_sync_to_async(func, thread_sensitive=False)
+
+
 class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
     agent_id: str | None = None
     group: str | None = None
@@ -34,7 +41,7 @@ class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
         token = auth[6:].strip() if auth.lower().startswith("token ") else ""
         await self.accept()
         try:
-            agent = await database_sync_to_async(services.agent_authenticate)(token=token)
+            agent = await _db(services.agent_authenticate)(token=token)
         except services.AgentRefused as exc:
             client = self.scope.get("client") or ("?", 0)
             logger.warning("agent connection from %s refused: %s", client[0], exc)
@@ -47,7 +54,7 @@ class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and self.group:
-            await database_sync_to_async(services.agent_disconnected)(agent_id=self.agent_id)
+            await _db(services.agent_disconnected)(agent_id=self.agent_id)
             logger.info("agent %s disconnected (code %s)", self.agent_id, code)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
@@ -78,7 +85,7 @@ class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
         from sessions_app.models import Agent
 
         try:
-            agent = await database_sync_to_async(
+            agent = await _db(
                 lambda: services.agent_register(agent=Agent.objects.get(pk=self.agent_id), info=msg)
             )()
         except services.AgentRefused as exc:
@@ -103,16 +110,12 @@ class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
         await self._reconcile(msg.get("kernels") or [])
 
     async def _reconcile(self, reports: list[dict[str, Any]] | None) -> None:
-        commands = await database_sync_to_async(services.agent_reconcile)(
-            agent_id=self.agent_id, reports=reports
-        )
+        commands = await _db(services.agent_reconcile)(agent_id=self.agent_id, reports=reports)
         for command in commands:
             await self.send_json(command)
 
     async def _on_kernel_status(self, msg: dict[str, Any]) -> None:
-        await database_sync_to_async(services.agent_kernel_report)(
-            agent_id=self.agent_id, report=msg
-        )
+        await _db(services.agent_kernel_report)(agent_id=self.agent_id, report=msg)
 
     async def _on_log_chunk(self, msg: dict[str, Any]) -> None:
         await self.channel_layer.group_send(
@@ -121,7 +124,7 @@ class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
         )
 
     async def _on_log_tail(self, msg: dict[str, Any]) -> None:
-        await database_sync_to_async(session_services.kernel_store_log_tail)(
+        await _db(session_services.kernel_store_log_tail)(
             kernel_id=str(msg.get("kernel_id")), data=str(msg.get("data", ""))
         )
 

@@ -667,9 +667,14 @@ def _destroy_live_kernels(*, session: Session, kernels: list[Kernel], reason: st
         if kernel.status == Status.PENDING:
             kernel.mark_cancelled(reason)
             continue
-        if kernel.status != Status.TERMINATING:
-            kernel.mark_terminating(reason)
-        if kernel.agent_id:
+        # Only the kernels this call moves are told to go: one already
+        # TERMINATING got its destroy when it moved, and the heartbeat path
+        # re-sends it while the agent still reports the kernel.
+        if (
+            kernel.status != Status.TERMINATING
+            and kernel.mark_terminating(reason)
+            and kernel.agent_id
+        ):
             by_agent.setdefault(kernel.agent_id, []).append(str(kernel.pk))
     for agent_id, kernel_ids in by_agent.items():
         live.send_to_agent_after_commit(

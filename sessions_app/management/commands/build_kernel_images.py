@@ -34,6 +34,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--quiet-if-cached", action="store_true", help="print nothing when nothing was built"
         )
+        parser.add_argument(
+            "--no-register",
+            action="store_true",
+            help="only build; do not record the images in the database (the test set-up)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -59,6 +64,12 @@ class Command(BaseCommand):
                 self.stderr.write(line)
             raise CommandError(str(exc)) from exc
         for result in built:
+            if options["no_register"]:
+                if result.source != "engine" or not options["quiet_if_cached"]:
+                    self.stdout.write(
+                        f"{result.reference}: {result.source}, {result.seconds:.1f} s"
+                    )
+                continue
             info = IMAGE_INFO.get(result.reference, {})
             image, created = Image.objects.update_or_create(
                 reference=result.reference,

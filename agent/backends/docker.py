@@ -295,6 +295,7 @@ class DockerBackend(Backend):
         self._events_stream: Any = None
         self._events_ready = threading.Event()
         self._net_locks: dict[str, asyncio.Lock] = {}
+        self._images_seen: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -476,6 +477,8 @@ class DockerBackend(Backend):
             except KernelError as exc:
                 await self._fail(state, str(exc))
             except (DockerException, OSError) as exc:
+                if isinstance(exc, ImageNotFound):
+                    self._images_seen.discard(kspec.get("image"))
                 explanation = getattr(exc, "explanation", None) or str(exc)
                 await self._fail(state, f"docker: {explanation}")
             else:
@@ -490,8 +493,11 @@ class DockerBackend(Backend):
         await self._remove_network_if_unused(state)
 
     async def _ensure_image(self, state: KernelState, image: str) -> None:
+        if image in self._images_seen:
+            return  # seen here before; a create that finds it gone fails with the reason
         try:
             await self._call(self.api.inspect_image, image)
+            self._images_seen.add(image)
             return
         except ImageNotFound:
             pass
@@ -537,9 +543,13 @@ class DockerBackend(Backend):
         }
         command = [kspec["startup_command"]] if kspec.get("startup_command") else []
 
+        # A kernel alone in its session talks to no peer: no network at all
+        # (no route out either), and no network to create or remove.
+        alone = len(kspec.get("cluster_hosts") or [state.hostname]) <= 1
+
         def create(network_id: str) -> str:
             host_config = self.api.create_host_config(
-                network_mode=network_id,
+                network_mode="none" if alone else network_id,
                 nano_cpus=int(cpu * Decimal(10**9)) if cpu else None,
                 mem_limit=mem,
                 memswap_limit=mem,
@@ -549,8 +559,12 @@ class DockerBackend(Backend):
                 pids_limit=PIDS_LIMIT,
                 mounts=mounts,
             )
-            networking = self.api.create_networking_config(
-                {network_id: self.api.create_endpoint_config(aliases=[state.hostname])}
+            networking = (
+                None
+                if alone
+                else self.api.create_networking_config(
+                    {network_id: self.api.create_endpoint_config(aliases=[state.hostname])}
+                )
             )
             kwargs = dict(
                 image=image,
@@ -576,7 +590,7 @@ class DockerBackend(Backend):
             self.api.remove_container(f"bai-{state.kernel_id}", force=True)
             return self.api.create_container(**kwargs)["Id"]
 
-        network_id = await self._ensure_network(state)
+        network_id = "none" if alone else await self._ensure_network(state)
         try:
             state.container_id = await self._call(create, network_id)
         except NotFound as exc:

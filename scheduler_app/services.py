@@ -221,8 +221,9 @@ def _apply_waits(
     """Persist each waiting session's reason and attempt count; log an event
     only when the reason changes, so the history stays readable.
 
-    Few statements whatever the queue length: one for the attempts, one per
-    distinct new reason (sessions of one shape share theirs), one for the events.
+    A few statements whatever the queue length: one for the attempts, one for
+    the new reasons (elsewhere than PostgreSQL: one per distinct reason), one
+    for the events.
     """
     attempted: list[Any] = []
     by_reason: dict[str, list[Any]] = defaultdict(list)
@@ -256,9 +257,18 @@ def _apply_waits(
         Session.objects.filter(pk__in=chunk).update(
             scheduling_attempts=F("scheduling_attempts") + 1
         )
-    for reason, ids in by_reason.items():
-        for chunk in _chunks(ids):
-            Session.objects.filter(pk__in=chunk).update(status_reason=reason)
+    if connection.vendor == "postgresql" and len(by_reason) > 1:
+        reasons = {str(pk): reason for reason, ids in by_reason.items() for pk in ids}
+        for chunk in _chunks(list(reasons)):
+            Session.objects.filter(pk__in=chunk).update(
+                status_reason=_jsonb_lookup(
+                    Session, {pk: reasons[pk] for pk in chunk}, "->>", CharField()
+                )
+            )
+    else:
+        for reason, ids in by_reason.items():
+            for chunk in _chunks(ids):
+                Session.objects.filter(pk__in=chunk).update(status_reason=reason)
     if events:
         SessionEvent.objects.bulk_create(events, batch_size=2000)
     result.waiting = len(waits)

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, CharField, F, JSONField, Value, When
@@ -128,6 +126,8 @@ def schedule_pass(*, group_id: int, now: datetime | None = None) -> PassResult:
                 kernel.mark_cancelled(cancel.reason)
             if session.mark_cancelled(cancel.reason):
                 result.cancelled += 1
+                # Its dependents go now, with reasons that name the whole chain.
+                session_services.session_cancel_dependents(session=session)
         if decisions.roundrobin_cursor != group.roundrobin_cursor:
             ResourceGroup.objects.filter(pk=group.pk).update(
                 roundrobin_cursor=decisions.roundrobin_cursor
@@ -306,21 +306,12 @@ def _store_occupancy(agent_ids: set[str]) -> None:
 
 
 def notify_agents(agent_ids: list[str]) -> None:
-    """Fast path: tell each agent's gateway to reconcile now. One trip into the
-    event loop for all of them (a pass may touch a thousand agents); like
-    live.group_send, best effort: the heartbeat path catches up."""
-    layer = get_channel_layer()
-    if layer is None or not agent_ids:
-        return
-
-    async def send_all() -> None:
-        for agent_id in agent_ids:
-            try:
-                await layer.group_send(protocol.agent_group(agent_id), {"type": "agent.reconcile"})
-            except Exception:  # noqa: BLE001 - best effort, see docstring
-                logger.warning("nudge to agent %s failed", agent_id, exc_info=True)
-
-    async_to_sync(send_all)()
+    """Fast path: tell each agent's gateway to reconcile now, all in one trip
+    into the event loop (a pass may touch a thousand agents). Best effort: the
+    heartbeat path catches up."""
+    live.group_send_many(
+        [(protocol.agent_group(a), {"type": "agent.reconcile"}) for a in agent_ids]
+    )
 
 
 def schedulable_group_ids(group_id: int | None) -> list[int]:

@@ -8,6 +8,7 @@ sends one message per user, not one per session.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
 from typing import Any
@@ -31,11 +32,15 @@ class _Batch:
         self.by_owner: dict[int, dict[tuple[str, str], dict[str, str]]] = defaultdict(dict)
 
     def __call__(self) -> None:
-        for owner_id, sessions in self.by_owner.items():
-            group_send(
-                protocol.user_group(owner_id),
-                {"type": "sessions.changed", "sessions": list(sessions.values())},
-            )
+        group_send_many(
+            [
+                (
+                    protocol.user_group(owner_id),
+                    {"type": "sessions.changed", "sessions": list(sessions.values())},
+                )
+                for owner_id, sessions in self.by_owner.items()
+            ]
+        )
 
 
 def session_changed(
@@ -66,6 +71,27 @@ def group_send(group: str, message: dict[str, Any]) -> None:
         async_to_sync(layer.group_send)(group, message)
     except Exception:  # noqa: BLE001 - best effort, see docstring
         logger.warning("push to %s failed", group, exc_info=True)
+
+
+def group_send_many(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    """Several sends in one trip into the event loop (a pass touches many users)."""
+    layer = get_channel_layer()
+    if layer is None or not messages:
+        return
+
+    async def send_all() -> None:
+        results = await asyncio.gather(
+            *(layer.group_send(group, message) for group, message in messages),
+            return_exceptions=True,
+        )
+        for (group, _), result in zip(messages, results, strict=True):
+            if isinstance(result, Exception):
+                logger.warning("push to %s failed: %s", group, result)
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:  # noqa: BLE001 - best effort, as group_send
+        logger.warning("pushes failed", exc_info=True)
 
 
 def send_to_agent_after_commit(agent_id: str, message: dict[str, Any]) -> None:

@@ -30,8 +30,10 @@ from . import slots as slotlib
 from .errors import ApplicationError, Conflict, InvalidInput, QuotaExceeded, field_error
 from .models import (
     ACTIVE,
+    OCCUPYING,
     TERMINAL,
     TRANSITIONS,
+    Agent,
     ClusterMode,
     DataFolder,
     Image,
@@ -797,9 +799,22 @@ def kernel_apply_report(*, kernel: Kernel, report: dict[str, Any]) -> None:
             session = Session.objects.get(pk=kernel.session_id)
             if kernel.status in TERMINAL:
                 why = f"{kernel.cluster_hostname}: {kernel.status_reason}"
+                if kernel.agent_id:
+                    agent_refresh_occupancy(agent_id=kernel.agent_id)
             else:
                 why = kernel.status_reason
             session_sync_status(session=session, reason=why)
+
+
+def agent_refresh_occupancy(*, agent_id: str) -> None:
+    """Agent.occupied_slots (shown to admins) from the kernels that hold slots
+    there now; the scheduler derives its own figure and never trusts this one."""
+    held: dict[str, Decimal] = {}
+    for requested in Kernel.objects.filter(agent_id=agent_id, status__in=OCCUPYING).values_list(
+        "requested_slots", flat=True
+    ):
+        held = slotlib.add(held, slotlib.from_strings(requested))
+    Agent.objects.filter(pk=agent_id).update(occupied_slots=slotlib.to_strings(held))
 
 
 def _record_result(*, kernel: Kernel, exit_code: int | None) -> None:

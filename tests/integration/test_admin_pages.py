@@ -215,7 +215,7 @@ def test_creating_an_agent_shows_its_token_once_and_stores_only_a_hash(client, a
 
     assert response.status_code == 200
     page = response.content.decode()
-    tokens = set(re.findall(r"--token ([A-Za-z0-9_\-]{20,})", page))
+    tokens = set(re.findall(r"BACKENDAI_AGENT_TOKEN=([A-Za-z0-9_\-]{20,})", page))
     assert len(tokens) == 1, page
     token = tokens.pop()
     agent = Agent.objects.get(pk="gpu-node-1")
@@ -236,7 +236,7 @@ def test_regenerating_a_token_invalidates_the_old_one(client, admin, agent):
         follow=True,
     )
 
-    [token] = set(re.findall(r"--token ([A-Za-z0-9_\-]{20,})", response.content.decode()))
+    [token] = set(re.findall(r"BACKENDAI_AGENT_TOKEN=([A-Za-z0-9_\-]{20,})", response.content.decode()))
     agent.refresh_from_db()
     assert agent.token_hash == hash_token(token) != old_hash
     assert not Agent.objects.filter(token_hash=hash_token(agent.plain_token)).exists()

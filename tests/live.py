@@ -1,34 +1,83 @@
 """A live system for tests: daphne serving the test database in a child
 process, and real agent processes dialling it.
 
-Celery is eager in tests (tests/conftest.py), and the child inherits that, so
-a session created through the API is scheduled inline, after commit, inside
-the server — the same code path the worker runs.
+The server is a fresh ``python -m daphne`` (never a fork of the test process:
+a fork would inherit asgiref's executor threads without their threads, and
+hang). It gets the test's settings through the environment: the test database,
+Celery eager (a session created through the API is scheduled inline, after
+commit, inside the server — the same code path the worker runs), a channel
+prefix of its own, and the agent timings.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from channels.testing.live import make_application
-from daphne.testing import DaphneProcess
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback only
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer in {timeout} s")
+
+
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def server_environment(settings: Any, **extra: str) -> dict[str, str]:
+    """The environment that gives a server process this test's settings."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_TASK_ALWAYS_EAGER": "true",
+        "BAI_STORAGE_ROOT": str(settings.BAI_STORAGE_ROOT),
+        "BAI_AGENT_HEARTBEAT_INTERVAL": str(settings.BAI_AGENT_HEARTBEAT_INTERVAL),
+        "BAI_AGENT_LOST_TIMEOUT": str(settings.BAI_AGENT_LOST_TIMEOUT),
+        "BAI_LOG_TAIL_BYTES": str(settings.BAI_LOG_TAIL_BYTES),
+        **extra,
+    }
 
 
 class LiveSystem:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.server: DaphneProcess | None = None
+        self.server: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -41,15 +90,33 @@ class LiveSystem:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self) -> LiveSystem:
-        get_application = partial(make_application, static_wrapper=ASGIStaticFilesHandler)
-        # The forked child inherits the test database settings as they are now
-        # (NAME already points at the test database), so no set-up is needed.
-        self.server = DaphneProcess("127.0.0.1", get_application)
-        self.server.start()
-        while not self.server.ready.wait(timeout=1):
-            if not self.server.is_alive():
-                raise RuntimeError("the test server stopped before it was ready")
-        self.port = self.server.port.value
+        from django.conf import settings
+
+        self.port = free_port()
+        env = server_environment(
+            settings,
+            BAI_CHANNEL_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+            BAI_VAR_DIR=str(self.tmp_path / "var"),
+            DEBUG="false",
+        )
+        self.server_log = open(self.tmp_path / "daphne.log", "wb")  # noqa: SIM115
+        self.server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "backendai_web.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.server_log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_http(f"{self.url}/login/", self.server)
         return self
 
     def start_agent(
@@ -95,8 +162,8 @@ class LiveSystem:
         for agent_id in list(self.agents):
             self.kill_agent(agent_id, signal.SIGTERM)
         if self.server is not None:
-            self.server.terminate()
-            self.server.join(timeout=10)
+            stop_process(self.server)
+            self.server_log.close()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

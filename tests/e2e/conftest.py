@@ -12,18 +12,15 @@ import hashlib
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import skip_or_fail
+from tests.live import free_port, server_environment, stop_process, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
@@ -42,35 +39,6 @@ IMAGES = {
 PASSWORDS = {"alice": "alice-pass-123", "bob": "bob-pass-123"}
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback only
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer in {timeout} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @pytest.fixture(scope="session")
@@ -121,17 +89,6 @@ def kernel_images(docker_client) -> list[str]:
 
 
 @pytest.fixture
-def channel_prefix(settings) -> str:
-    """One prefix for this test's processes, so other test runs on the same Redis stay out."""
-    prefix = f"e2e{uuid.uuid4().hex[:10]}"
-    layers = dict(settings.CHANNEL_LAYERS)
-    default = dict(layers["default"])
-    default["CONFIG"] = {**default["CONFIG"], "prefix": prefix}
-    settings.CHANNEL_LAYERS = {**layers, "default": default}
-    return prefix
-
-
-@pytest.fixture
 def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str:
     """daphne in a subprocess on 127.0.0.1, over this test's database.
 
@@ -141,21 +98,15 @@ def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str
     from django.db import connection
 
     db = connection.settings_dict
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
-        f"{db['PORT'] or 5432}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "BAI_CHANNEL_PREFIX": channel_prefix,
-        "CELERY_TASK_ALWAYS_EAGER": "true",
-        "BAI_STORAGE_ROOT": str(settings.BAI_STORAGE_ROOT),
-        "BAI_VAR_DIR": str(tmp_path / "var"),
-        "BAI_AGENT_HEARTBEAT_INTERVAL": "1",
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "DEBUG": "false",  # the pages users see, not Django's debug pages
-    }
+    port = free_port()
+    env = server_environment(
+        settings,
+        BAI_CHANNEL_PREFIX=channel_prefix,
+        BAI_VAR_DIR=str(tmp_path / "var"),
+        BAI_AGENT_HEARTBEAT_INTERVAL="1",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        DEBUG="false",  # the pages users see, not Django's debug pages
+    )
     if "postgresql" not in db["ENGINE"]:
         pytest.skip("the live server shares the test database: run on PostgreSQL")
     log = open(tmp_path / "daphne.log", "w")  # noqa: SIM115 - closed at teardown
@@ -177,10 +128,10 @@ def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(f"{url}/login/", proc)
+        wait_http(f"{url}/login/", proc)
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
         log.close()
         tail = (tmp_path / "daphne.log").read_text()[-4000:]
         if re.search(r"Traceback|ERROR", tail):
@@ -262,7 +213,7 @@ def real_agent(live_server_url, make_agent, kernel_images, docker_client, settin
             time.sleep(0.1)
         yield agent
     finally:
-        _stop(proc)
+        stop_process(proc)
         log.close()
         for container in docker_client.containers.list(
             all=True, filters={"label": f"ai.backend.agent-key={key}"}

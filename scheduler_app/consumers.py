@@ -18,6 +18,7 @@ from django.conf import settings
 
 from agent import protocol
 from sessions_app import services as session_services
+from sessions_app.consumers import LoopDispatch
 
 from . import services
 
@@ -31,7 +32,7 @@ def _db(func):  # type: ignore[no-untyped-def]
     return database_sync_to_async(func, thread_sensitive=False)
 
 
-class AgentGatewayConsumer(AsyncJsonWebsocketConsumer):
+class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     agent_id: str | None = None
     group: str | None = None
 

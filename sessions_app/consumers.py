@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
@@ -49,6 +50,9 @@ CLOSE_GONE = 4410
 # session this often while it is open, and at most this often on input.
 TOUCH_EVERY = 30.0
 TOUCH_INPUT_THROTTLE = 5.0
+# All the streams of a process share one write of their sessions' activity, at
+# most this often.
+TOUCH_FLUSH_GAP = 1.0
 LOG_TAIL_BYTES = 64 * 1024
 MAX_TERM_SIZE = 1000
 # A session that is ending has no shell to offer any more.
@@ -60,6 +64,35 @@ def _user(scope: dict[str, Any]) -> Any:
     if user is None or not user.is_authenticated:
         return None
     return user
+
+
+def _db(func):  # type: ignore[no-untyped-def]
+    """ORM work in the shared thread pool: the single thread-sensitive executor
+    would queue every consumer of the process behind one call. SQLite (the
+    embedded default) takes one writer at a time whatever the thread, and its
+    in-memory test database refuses a second thread: it keeps the one thread."""
+    from django.db import connection
+
+    return database_sync_to_async(func, thread_sensitive=connection.vendor == "sqlite")
+
+
+class LoopDispatch:
+    """Dispatch without Channels' per-message ``aclose_old_connections()``.
+
+    Channels (4.2+) runs ``close_old_connections`` through the one thread-sensitive
+    executor before *every* handler: every keystroke, every output frame, every
+    agent command of every consumer in the process then waits its turn on that
+    single thread, behind whatever database call sits there (a session touch that
+    opens a connection takes ~10 ms). These consumers never use the ORM on the
+    event loop: their queries go through ``database_sync_to_async``, which closes
+    its connections itself, so the hop guards nothing here.
+    """
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
 
 class _Refusing:
@@ -76,7 +109,7 @@ class _Refusing:
         await super().accept(subprotocol)  # type: ignore[misc]
 
 
-class SessionsConsumer(_Refusing, AsyncJsonWebsocketConsumer):
+class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
     """Pushes ``{"type": "sessions.changed", "sessions": [{id, kernel, status, reason}]}``
     for the user's own sessions (``live.session_changed``)."""
 
@@ -125,6 +158,57 @@ def _load_kernel(user: Any, session_id: str, kernel_ref: str) -> Kernel:
     return kernel
 
 
+class _TouchBatch:
+    """The sessions with stream activity, written to the database together.
+
+    One per event loop (so one per daphne process): at most one write in flight
+    and at most one every ``TOUCH_FLUSH_GAP`` seconds, whatever the number of open
+    streams. It runs in the shared thread pool (``thread_sensitive=False``): the
+    single thread-sensitive executor is where every consumer of the process
+    would otherwise queue behind a database connect (CONN_MAX_AGE is 0).
+    """
+
+    def __init__(self) -> None:
+        self.pending: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+        self.last_flush = 0.0
+
+    def add(self, session_id: str) -> None:
+        self.pending.add(session_id)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.pending:
+            wait = self.last_flush + TOUCH_FLUSH_GAP - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            ids, self.pending = self.pending, set()
+            self.last_flush = time.monotonic()
+            try:
+                await _db(_touch_sessions)(ids)
+            except Exception:  # noqa: BLE001 - activity is best effort; never kill a stream
+                logger.warning("touching sessions %s failed", sorted(ids), exc_info=True)
+
+
+def _touch_sessions(ids: set[str]) -> None:
+    for session_id in ids:
+        services.session_touch(session_id=session_id)
+
+
+_touch_batches: dict[asyncio.AbstractEventLoop, _TouchBatch] = {}
+
+
+def _touch_batch() -> _TouchBatch:
+    loop = asyncio.get_running_loop()
+    batch = _touch_batches.get(loop)
+    if batch is None:
+        for old in [old for old in _touch_batches if old.is_closed()]:
+            del _touch_batches[old]
+        batch = _touch_batches[loop] = _TouchBatch()
+    return batch
+
+
 class _Toucher:
     """Counts an open stream as activity on its session (idle timeout)."""
 
@@ -142,21 +226,17 @@ class _Toucher:
 
     async def _touch_loop(self) -> None:
         while True:
-            await self._touch()
+            self._touch()
             await asyncio.sleep(TOUCH_EVERY)
 
-    async def _touch(self) -> None:
+    def _touch(self) -> None:
         self._last_touch = time.monotonic()
-        try:
-            await database_sync_to_async(services.session_touch)(session_id=self.session_id)
-        except Exception:  # noqa: BLE001 - activity is best effort; never kill the stream
-            logger.warning("touching session %s failed", self.session_id, exc_info=True)
+        _touch_batch().add(self.session_id)  # type: ignore[arg-type]
 
     def touch_soon(self) -> None:
         """On input: at most once per TOUCH_INPUT_THROTTLE, off the hot path."""
         if self._touch_owner and time.monotonic() - self._last_touch >= TOUCH_INPUT_THROTTLE:
-            self._last_touch = time.monotonic()
-            asyncio.get_running_loop().create_task(self._touch())
+            self._touch()
 
     def stop_touching(self) -> None:
         if self._touch_task is not None:
@@ -167,7 +247,7 @@ class _Toucher:
 # --- logs ------------------------------------------------------------------
 
 
-class KernelLogsConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
+class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/kernels/<hostname-or-id>/logs/``.
 
     To the browser: ``{"type": "state", "live": bool, "kernel", "status", "message"}``
@@ -188,9 +268,7 @@ class KernelLogsConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
             return
         kwargs = self.scope["url_route"]["kwargs"]
         try:
-            kernel = await database_sync_to_async(_load_kernel)(
-                user, kwargs["session_id"], kwargs["kernel_ref"]
-            )
+            kernel = await _db(_load_kernel)(user, kwargs["session_id"], kwargs["kernel_ref"])
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, exc.message)
             return
@@ -199,7 +277,7 @@ class KernelLogsConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
         self.kernel_hostname = kernel.cluster_hostname
         agent_alive = (
             kernel.agent_id is not None
-            and await database_sync_to_async(lambda: kernel.agent.status == AgentStatus.ALIVE)()
+            and await _db(lambda: kernel.agent.status == AgentStatus.ALIVE)()
         )
         await self.accept()
         if kernel.status in TERMINAL or not agent_alive or kernel.status == Status.PENDING:
@@ -336,7 +414,7 @@ def _query(scope: dict[str, Any]) -> dict[str, str]:
     return dict(parse_qsl(raw, keep_blank_values=True))
 
 
-class TerminalConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
+class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/terminal/?term=<uuid>&cols=80&rows=24``: a shell in main1.
 
     ``term`` is the browser tab's stable id (kept in its sessionStorage): the
@@ -375,7 +453,7 @@ class TerminalConsumer(_Refusing, _Toucher, AsyncWebsocketConsumer):
             await self.refuse(CLOSE_BAD_INPUT, f"cols and rows must be 1..{MAX_TERM_SIZE}.")
             return
         try:
-            session, main = await database_sync_to_async(_load_terminal_target)(user, session_id)
+            session, main = await _db(_load_terminal_target)(user, session_id)
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, exc.message)
             return

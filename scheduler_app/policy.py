@@ -890,7 +890,7 @@ class _Pass:
         """Why session did not fit, and whether that should block the sessions behind it (FIFO)."""
         group = self.group.name
         if not self.agent_ids:
-            return f"no agent alive in resource group {group}", False
+            return f"no agent alive and schedulable in resource group {group}", False
         size = len(request.kernels)
         cluster_block = request.single and size > 1
         if cluster_block:

@@ -376,7 +376,7 @@ def test_an_agent_joining_runs_a_pass_that_places_the_waiting_sessions(
     scheduler.schedule_pass(group_id=group.pk)
     for session in waiting:
         session.refresh_from_db()
-        assert session.status_reason == "no agent alive in resource group default"
+        assert session.status_reason == "no agent alive and schedulable in resource group default"
 
     with django_capture_on_commit_callbacks(execute=True):
         scheduler.agent_register(agent=newcomer, info={"slots": {"cpu": "8", "mem": str(16 * GIB)}})

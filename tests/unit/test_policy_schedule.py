@@ -581,7 +581,7 @@ def test_system_sessions_are_exempt_from_normal_quotas_but_have_their_own_limit(
             ],
             "needs 0.5 cpu and 4 GiB mem per container; no agent has all of it free",
         ),
-        (session("s"), [], "no agent alive in resource group default"),
+        (session("s"), [], "no agent alive and schedulable in resource group default"),
         (
             session("s", cpu=4, size=3),
             [agent("a1", 8)],

@@ -236,7 +236,9 @@ def test_regenerating_a_token_invalidates_the_old_one(client, admin, agent):
         follow=True,
     )
 
-    [token] = set(re.findall(r"BACKENDAI_AGENT_TOKEN=([A-Za-z0-9_\-]{20,})", response.content.decode()))
+    [token] = set(
+        re.findall(r"BACKENDAI_AGENT_TOKEN=([A-Za-z0-9_\-]{20,})", response.content.decode())
+    )
     agent.refresh_from_db()
     assert agent.token_hash == hash_token(token) != old_hash
     assert not Agent.objects.filter(token_hash=hash_token(agent.plain_token)).exists()

@@ -76,12 +76,12 @@ def _wait_status(session_id, wanted, timeout=60):
 
 
 def _containers(engine, session_id):
-    return {
-        c.labels["ai.backend.hostname"]: c
-        for c in engine.containers.list(
-            all=True, filters={"label": f"ai.backend.session_id={session_id}"}
-        )
-    }
+    """The session's containers by hostname. The low-level list: the SDK's
+    high-level one inspects each container and fails on one being removed."""
+    found = engine.api.containers(
+        all=True, filters={"label": f"ai.backend.session_id={session_id}"}
+    )
+    return {c["Labels"]["ai.backend.hostname"]: c["Id"] for c in found}
 
 
 def _exec(container, cmd: str) -> tuple[int, str]:
@@ -122,7 +122,9 @@ def test_a_multi_node_cluster_of_three_spans_two_agents_and_behaves_as_one(
 
     kernels = {k.cluster_hostname: k for k in Kernel.objects.filter(session_id=session_id)}
     assert {k.agent_id for k in kernels.values()} == {"node-a", "node-b"}  # 2 cpu each: it spread
-    containers = _containers(engine, session_id)
+    containers = {
+        h: engine.containers.get(cid) for h, cid in _containers(engine, session_id).items()
+    }
     assert sorted(containers) == ["main1", "sub1", "sub2"]
     for hostname, container in containers.items():
         kernel = kernels[hostname]
@@ -253,7 +255,7 @@ def test_a_restarted_agent_adopts_its_running_containers_without_duplicates(
     )
     session_id = response.json()["id"]
     _wait_status(session_id, Status.RUNNING)
-    before = {h: c.id for h, c in _containers(engine, session_id).items()}
+    before = _containers(engine, session_id)
 
     live_system.kill_agent(agent.pk, signal.SIGKILL)
     live_system.start_agent(agent)
@@ -267,7 +269,7 @@ def test_a_restarted_agent_adopts_its_running_containers_without_duplicates(
     # A few heartbeats later: same containers, same session, still running.
     first = Agent.objects.get(pk=agent.pk).last_heartbeat_at
     wait_for(lambda: Agent.objects.get(pk=agent.pk).last_heartbeat_at > first, what="a heartbeat")
-    after = {h: c.id for h, c in _containers(engine, session_id).items()}
+    after = _containers(engine, session_id)
     assert after == before
     assert _status(session_id) == Status.RUNNING
     assert {k.container_id[:12] for k in Kernel.objects.filter(session_id=session_id)} == {

@@ -280,6 +280,7 @@ class UserResourcePolicy(models.Model):
 
     class Meta:
         verbose_name = "user resource policy"
+        verbose_name_plural = "user resource policies"
 
     def __str__(self) -> str:
         return f"{self.user} → {self.policy}"

@@ -4,8 +4,8 @@ One internal bridge network per session (per engine) joins the session's contain
 each container is named ``bai-<kernel_id>``, has the spec's hostname as hostname and
 network alias, runs as ``1000:1000`` with every capability dropped and
 ``no-new-privileges``, and mounts only the session's data folders. The agent copies a
-small POSIX-sh runner (plus the env file and the session's SSH keys) into the container
-with ``put_archive`` before starting it: no host file is bind-mounted.
+small POSIX-sh runner inline as the entrypoint; it writes the env file and the
+session's SSH keys from variables the agent sets: no host file is bind-mounted.
 
 Blocking SDK calls run in a thread pool; long-lived streams (engine events, followed
 logs) run in their own threads and hand data to the loop in batches; terminal sockets
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
+import fcntl
 import logging
+import os
 import socket
 import struct
-import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -62,22 +63,43 @@ L_MANAGED = "ai.backend.managed"
 KERNEL_UID = 1000
 KERNEL_GID = 1000
 HOME = "/home/work"
-RUNNER_DIR = "/opt/backendai"
 SSH_PORT = 2200
+NETWORK_LOCK_PATH = os.path.join(tempfile.gettempdir(), "backendai-agent-networks.lock")
 PIDS_LIMIT = 4096
 
-ENTRYPOINT = f"""\
-#!/bin/sh
-# Kernel runner written by the agent. $1, when given, is the session's startup command.
-B={HOME}/.backendai
-if [ -x /usr/sbin/sshd ] && [ -f {HOME}/.ssh/authorized_keys ]; then
+# The kernel runner, passed inline as ``sh -c RUNNER bai-runner [startup command]``.
+# It writes its files from BAI_RUNNER_* variables (the agent fills them) and
+# unsets them before anything of the user's runs: nothing is copied into the
+# container before it starts (a put_archive costs ~50 ms a kernel) and no host
+# file is mounted.
+RUNNER = f"""\
+umask 077
+B="$HOME/.backendai"
+mkdir -p "$B" 2>/dev/null || {{ B=/tmp/.backendai; mkdir -p "$B"; }}
+printf '%s' "$BAI_RUNNER_ENV_FILE" > "$HOME/.backendai_env" 2>/dev/null
+SSHD=
+if [ -n "$BAI_RUNNER_SSH_PRIVATE" ] && mkdir -p "$HOME/.ssh" 2>/dev/null; then
+  printf '%s\\n' "$BAI_RUNNER_SSH_PRIVATE" > "$HOME/.ssh/id_session"
+  printf '%s\\n' "$BAI_RUNNER_SSH_PUBLIC" > "$HOME/.ssh/id_session.pub"
+  printf '%s\\n' "$BAI_RUNNER_SSH_PUBLIC" > "$HOME/.ssh/authorized_keys"
+  printf '%s' "$BAI_RUNNER_SSH_CONFIG" > "$HOME/.ssh/config"
+  printf '%s' "$BAI_RUNNER_SSH_ENV" > "$HOME/.ssh/environment"
+  if [ -x /usr/sbin/sshd ]; then
+    printf '%s' "$BAI_RUNNER_SSHD_CONFIG" > "$B/sshd_config"
+    SSHD=1
+  fi
+fi
+unset BAI_RUNNER_ENV_FILE BAI_RUNNER_SSH_PRIVATE BAI_RUNNER_SSH_PUBLIC BAI_RUNNER_SSH_CONFIG \
+  BAI_RUNNER_SSH_ENV BAI_RUNNER_SSHD_CONFIG
+if [ -n "$SSHD" ]; then
   if [ ! -f "$B/ssh_host_ed25519_key" ]; then
-    ssh-keygen -q -t ed25519 -N '' -f "$B/ssh_host_ed25519_key" >/dev/null 2>&1 \\
+    ssh-keygen -q -t ed25519 -N '' -f "$B/ssh_host_ed25519_key" >/dev/null 2>&1 \
       || echo "backend.ai: ssh-keygen failed" >&2
   fi
-  /usr/sbin/sshd -f {RUNNER_DIR}/sshd_config -p {SSH_PORT} -E "$B/sshd.log" \\
+  /usr/sbin/sshd -f "$B/sshd_config" -p {SSH_PORT} -E "$B/sshd.log" \
     || echo "backend.ai: sshd did not start (see $B/sshd.log)" >&2
 fi
+umask 022
 if [ $# -gt 0 ]; then
   exec /bin/sh -c "$1"
 fi
@@ -113,48 +135,29 @@ Host main* sub*
 """
 
 # $0 is where the shell writes its pid, so that closing the terminal can hang it up.
-SHELL_SCRIPT = 'echo $$ > "$0"; if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
+# A docker exec gets the container's configured environment, so the runner's
+# variables are dropped here too.
+SHELL_SCRIPT = (
+    "unset BAI_RUNNER_ENV_FILE BAI_RUNNER_SSH_PRIVATE BAI_RUNNER_SSH_PUBLIC BAI_RUNNER_SSH_CONFIG "
+    'BAI_RUNNER_SSH_ENV BAI_RUNNER_SSHD_CONFIG; echo $$ > "$0"; '
+    "if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l"
+)
 
 
-def build_runner_archive(env: dict[str, str], ssh: dict[str, str] | None) -> bytes:
-    """The tar put into ``/`` of a container before it starts.
-
-    Ownership and modes are in the tar headers: the SSH client and server refuse key
-    files that are not owned by the user or readable by others.
-    """
-    buf = io.BytesIO()
-    now = time.time()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-
-        def add(path: str, mode: int, uid: int, data: str | None = None) -> None:
-            info = tarfile.TarInfo(path)
-            info.mode = mode
-            info.uid = info.gid = uid
-            info.mtime = now
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                raw = data.encode()
-                info.size = len(raw)
-                tar.addfile(info, io.BytesIO(raw))
-
-        add(RUNNER_DIR.lstrip("/"), 0o755, 0)
-        add(f"{RUNNER_DIR.lstrip('/')}/entrypoint.sh", 0o755, 0, ENTRYPOINT)
-        add(f"{RUNNER_DIR.lstrip('/')}/sshd_config", 0o644, 0, SSHD_CONFIG)
-        home = HOME.lstrip("/")
-        add(f"{home}/.backendai", 0o700, KERNEL_UID)
-        add(f"{home}/.backendai_env", 0o644, KERNEL_UID, render_env_file(env))
-        if ssh:
-            private = ssh["private_key"].rstrip("\n") + "\n"
-            public = ssh["public_key"].rstrip("\n") + "\n"
-            add(f"{home}/.ssh", 0o700, KERNEL_UID)
-            add(f"{home}/.ssh/id_session", 0o600, KERNEL_UID, private)
-            add(f"{home}/.ssh/id_session.pub", 0o644, KERNEL_UID, public)
-            add(f"{home}/.ssh/authorized_keys", 0o600, KERNEL_UID, public)
-            add(f"{home}/.ssh/config", 0o600, KERNEL_UID, SSH_CLIENT_CONFIG)
-            add(f"{home}/.ssh/environment", 0o600, KERNEL_UID, render_ssh_environment(env))
-    return buf.getvalue()
+def runner_environment(env: dict[str, str], ssh: dict[str, str] | None) -> dict[str, str]:
+    """What the runner writes into the container, as environment for it."""
+    extra = {"BAI_RUNNER_ENV_FILE": render_env_file(env)}
+    if ssh:
+        extra.update(
+            {
+                "BAI_RUNNER_SSH_PRIVATE": ssh["private_key"].rstrip("\n"),
+                "BAI_RUNNER_SSH_PUBLIC": ssh["public_key"].rstrip("\n"),
+                "BAI_RUNNER_SSH_CONFIG": SSH_CLIENT_CONFIG,
+                "BAI_RUNNER_SSH_ENV": render_ssh_environment(env),
+                "BAI_RUNNER_SSHD_CONFIG": SSHD_CONFIG,
+            }
+        )
+    return extra
 
 
 def stream_logs(
@@ -528,7 +531,7 @@ class DockerBackend(Backend):
             mounts.append(Mount(target=f"{HOME}/{name}", source=str(path), type="bind"))
         await self._ensure_image(state, image)
         env = {str(k): str(v) for k, v in (kspec.get("env") or {}).items()}
-        archive = build_runner_archive(env, spec.get("ssh"))
+        runner_env = {**env, **runner_environment(env, spec.get("ssh"))}
         slots = kspec.get("slots") or {}
         cpu = slot_cpu(slots)
         mem = slot_mem(slots)
@@ -569,10 +572,10 @@ class DockerBackend(Backend):
             kwargs = dict(
                 image=image,
                 command=command,
-                entrypoint=["/bin/sh", f"{RUNNER_DIR}/entrypoint.sh"],
+                entrypoint=["/bin/sh", "-c", RUNNER, "bai-runner"],
                 hostname=state.hostname,
                 user=f"{KERNEL_UID}:{KERNEL_GID}",
-                environment=env,
+                environment=runner_env,
                 labels=labels,
                 name=f"bai-{state.kernel_id}",
                 working_dir=HOME,
@@ -599,7 +602,6 @@ class DockerBackend(Backend):
             # Another agent removed the session's network between our lookup and create.
             network_id = await self._ensure_network(state)
             state.container_id = await self._call(create, network_id)
-        await self._call(self.api.put_archive, state.container_id, "/", archive)
         await self._call(self.api.start, state.container_id)
         self.set_status(state, protocol.KR_RUNNING, container_id=state.container_id)
 
@@ -616,6 +618,18 @@ class DockerBackend(Backend):
         return [n for n in self.api.networks(names=[name]) if n["Name"] == name]
 
     def _ensure_network_sync(self, name: str, session_id: str) -> str:
+        # Agents sharing one engine run on one host: a host-wide lock around
+        # look-up-then-create keeps them from making twins (the engine's own
+        # duplicate check is not atomic, and it resolves networks by name when
+        # a container starts, so a twin makes starts fail).
+        with open(NETWORK_LOCK_PATH, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return self._ensure_network_locked(name, session_id)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _ensure_network_locked(self, name: str, session_id: str) -> str:
         nets = self._networks_named(name)
         if not nets:
             try:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import io
 import struct
-import tarfile
+import subprocess
 from decimal import Decimal
 
 import pytest
 
 from agent.backends.base import render_env_file, render_ssh_environment, trim_tail
-from agent.backends.docker import Dechunker, Demuxer, build_runner_archive
+from agent.backends.docker import RUNNER, Dechunker, Demuxer, runner_environment
 from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem, parse_size
 
 
@@ -97,24 +96,57 @@ def test_the_log_decoders_rebuild_the_stream_from_any_split(split):
     assert dechunk.done
 
 
-def test_the_runner_archive_carries_keys_owned_by_the_kernel_user_with_strict_modes():
-    data = build_runner_archive(
-        {"BACKENDAI_CLUSTER_HOST": "sub1"}, {"private_key": "PRIV", "public_key": "ssh-ed25519 K"}
+def _run_runner(tmp_path, env, ssh, command):
+    """Run the kernel runner with /bin/sh in a scratch HOME (no sshd: its path is
+    swapped for one that does not exist, so nothing listens on the host)."""
+    script = RUNNER.replace("/usr/sbin/sshd", str(tmp_path / "no-sshd"))
+    full_env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        **env,
+        **runner_environment(env, ssh),
+    }
+    return subprocess.run(
+        ["/bin/sh", "-c", script, "bai-runner", command],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
     )
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        members = {m.name: m for m in tar.getmembers()}
-        modes = {name: (m.mode, m.uid) for name, m in members.items()}
-        assert modes["home/work/.ssh"] == (0o700, 1000)
-        assert modes["home/work/.ssh/id_session"] == (0o600, 1000)
-        assert modes["home/work/.ssh/authorized_keys"] == (0o600, 1000)
-        assert modes["opt/backendai/entrypoint.sh"] == (0o755, 0)
-        assert "home/work" not in members  # the image's home keeps its owner and mode
-        config = tar.extractfile(members["home/work/.ssh/config"]).read().decode()
-        environment = tar.extractfile(members["home/work/.ssh/environment"]).read().decode()
+
+
+def test_the_runner_writes_the_session_keys_with_strict_modes_and_hides_its_variables(tmp_path):
+    ssh = {"private_key": "PRIV\n", "public_key": "ssh-ed25519 K"}
+    out = _run_runner(
+        tmp_path, {"BACKENDAI_CLUSTER_HOST": "sub1"}, ssh, "env | grep -c BAI_RUNNER_ || true"
+    )
+    assert out.stdout.strip() == "0"  # the user's command never sees the runner's variables
+    home = tmp_path
+    modes = {
+        name: oct((home / name).stat().st_mode & 0o777)
+        for name in (".ssh", ".ssh/id_session", ".ssh/authorized_keys", ".ssh/config")
+    }
+    assert modes == {
+        ".ssh": "0o700",
+        ".ssh/id_session": "0o600",
+        ".ssh/authorized_keys": "0o600",
+        ".ssh/config": "0o600",
+    }
+    assert (home / ".ssh/id_session").read_text() == "PRIV\n"
+    assert (home / ".ssh/authorized_keys").read_text() == "ssh-ed25519 K\n"
+    config = (home / ".ssh/config").read_text()
     assert "Host main* sub*" in config and "Port 2200" in config
-    assert environment == "BACKENDAI_CLUSTER_HOST=sub1\n"
+    assert (home / ".ssh/environment").read_text() == "BACKENDAI_CLUSTER_HOST=sub1\n"
+    assert "BACKENDAI_CLUSTER_HOST" in (home / ".backendai_env").read_text()
 
 
-def test_without_ssh_keys_no_ssh_files_are_written():
-    with tarfile.open(fileobj=io.BytesIO(build_runner_archive({}, None))) as tar:
-        assert not [m for m in tar.getnames() if ".ssh" in m]
+def test_without_ssh_keys_no_ssh_files_are_written(tmp_path):
+    _run_runner(tmp_path, {}, None, "true")
+    assert not (tmp_path / ".ssh").exists()
+
+
+def test_the_runner_exits_with_the_startup_commands_code(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _run_runner(tmp_path, {}, None, "exit 3")
+    assert failed.value.returncode == 3

@@ -127,7 +127,8 @@ CHANNEL_LAYERS = {
     "default": {
         # The pub/sub layer: one hop p50 ~0.24 ms against ~1.5 ms for the
         # list-based layer, and the terminal path crosses the layer twice.
-        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # Ours keeps a send() to a channel of the same process local (no Redis).
+        "BACKEND": "backendai_web.channel_layer.LocalFirstPubSubChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("BAI_CHANNEL_PREFIX", "bai")},
     }
 }

@@ -33,6 +33,12 @@ def _db(func):  # type: ignore[no-untyped-def]
 
 
 class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
+    """Terminal output goes straight to the channels of the browser consumers that
+    sent the terminal's commands (``reply``), not through the terminal's group:
+    one direct send per frame, and none through Redis when the browser consumer
+    is in this process. A terminal with no known consumer (e.g. after this
+    connection replaced another) falls back to its group."""
+
     agent_id: str | None = None
     group: str | None = None
 
@@ -50,8 +56,17 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
             await self.close(code=protocol.CLOSE_BAD_TOKEN)
             return
         self.agent_id = agent.pk
+        self.term_routes: dict[str, set[str]] = {}
 
     async def disconnect(self, code: int) -> None:
+        # The browser consumers that sent here go back to the agent's group
+        # (where the next connection of this agent will be).
+        routes = getattr(self, "term_routes", {})
+        for channel in {c for channels in routes.values() for c in channels}:
+            await self.channel_layer.send(
+                channel, {"type": "term.route", "gateway": None, "from": self.channel_name}
+            )
+        routes.clear()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and self.group:
@@ -130,16 +145,22 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         )
 
     async def _on_term_output(self, msg: dict[str, Any]) -> None:
-        await self.channel_layer.group_send(
-            protocol.terminal_group(str(msg.get("term_id"))),
-            {"type": "term.output", "data": msg.get("data", "")},
+        await self._to_terminal(
+            str(msg.get("term_id")), {"type": "term.output", "data": msg.get("data", "")}
         )
 
     async def _on_term_closed(self, msg: dict[str, Any]) -> None:
-        await self.channel_layer.group_send(
-            protocol.terminal_group(str(msg.get("term_id"))),
-            {"type": "term.closed", "reason": msg.get("reason", "")},
-        )
+        term_id = str(msg.get("term_id"))
+        await self._to_terminal(term_id, {"type": "term.closed", "reason": msg.get("reason", "")})
+        self.term_routes.pop(term_id, None)
+
+    async def _to_terminal(self, term_id: str, event: dict[str, Any]) -> None:
+        channels = self.term_routes.get(term_id)
+        if channels:
+            for channel in channels:
+                await self.channel_layer.send(channel, event)
+        else:
+            await self.channel_layer.group_send(protocol.terminal_group(term_id), event)
 
     async def _on_error(self, msg: dict[str, Any]) -> None:
         logger.warning("agent %s reports: %s", self.agent_id, msg.get("message"))
@@ -158,7 +179,28 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     # --- channel layer -> agent --------------------------------------------
 
     async def agent_command(self, event: dict[str, Any]) -> None:
-        await self.send_json(event["command"])
+        command = event["command"]
+        reply = event.get("reply")
+        term_id = command.get("term_id") if reply else None
+        if term_id is None:
+            await self.send_json(command)
+            return
+        # A browser terminal consumer: remember where this terminal's output goes.
+        if command.get("type") in (protocol.TERM_DETACH, protocol.TERM_CLOSE):
+            channels = self.term_routes.get(term_id)
+            if channels is not None:
+                channels.discard(reply)
+                if not channels:
+                    del self.term_routes[term_id]
+            await self.send_json(command)
+            return
+        self.term_routes.setdefault(term_id, set()).add(reply)
+        await self.send_json(command)
+        if event.get("ack") is not None:
+            # It came through the group: say where to send from now on.
+            await self.channel_layer.send(
+                reply, {"type": "term.route", "gateway": self.channel_name, "ack": event["ack"]}
+            )
 
     async def agent_reconcile(self, event: dict[str, Any]) -> None:
         await self._reconcile(None)

@@ -14,7 +14,9 @@ bare 1006). Close codes:
 - 4410 the session has ended
 
 The terminal's hot path (input → agent, output → browser) touches no database:
-the agent's group and the terminal id are fixed at connect time.
+the agent's group and the terminal id are fixed at connect time, and once the
+agent gateway has answered, the consumer and the gateway address each other's
+channels directly (no group, and no Redis when both are in one process).
 """
 
 from __future__ import annotations
@@ -430,6 +432,10 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     term_id: str | None = None
     agent_group: str | None = None
     closed_by_agent = False
+    # The agent gateway's own channel, once it has answered: commands then go
+    # there directly (in one daphne process, without a Redis round trip).
+    gateway_channel: str | None = None
+    _via_group = 0  # commands sent through the agent's group so far
 
     async def connect(self) -> None:
         user = _user(self.scope)
@@ -495,9 +501,30 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
         )
 
     async def _agent(self, command: dict[str, Any]) -> None:
-        await self.channel_layer.group_send(
-            self.agent_group, {"type": "agent.command", "command": command}
-        )
+        """Send a command to the agent, through its gateway.
+
+        ``reply`` tells the gateway where this terminal's output goes. Until the
+        gateway has answered with its own channel (``term.route``) for every
+        command sent so far, commands go through the agent's group; after that,
+        straight to the gateway's channel. Waiting for the answer to the last
+        one keeps keystrokes in order across the switch.
+        """
+        event = {"type": "agent.command", "command": command, "reply": self.channel_name}
+        if self.gateway_channel is not None:
+            await self.channel_layer.send(self.gateway_channel, event)
+        else:
+            self._via_group += 1
+            event["ack"] = self._via_group
+            await self.channel_layer.group_send(self.agent_group, event)
+
+    async def term_route(self, event: dict[str, Any]) -> None:
+        gateway = event.get("gateway")
+        if gateway is None:
+            # That gateway went away (the agent reconnects): back to the group.
+            if event.get("from") == self.gateway_channel:
+                self.gateway_channel = None
+        elif event.get("ack") == self._via_group:
+            self.gateway_channel = gateway
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.term_id is None:
@@ -514,16 +541,8 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
                     f"the limit is {self.max_input} bytes"
                 )
             else:
-                await self.channel_layer.group_send(
-                    self.agent_group,
-                    {
-                        "type": "agent.command",
-                        "command": {
-                            "type": protocol.TERM_INPUT,
-                            "term_id": self.term_id,
-                            "data": data,
-                        },
-                    },
+                await self._agent(
+                    {"type": protocol.TERM_INPUT, "term_id": self.term_id, "data": data}
                 )
                 self.touch_soon()
         elif kind == "resize":

@@ -10,16 +10,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from collections import defaultdict
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
 from agent import protocol
 
 logger = logging.getLogger(__name__)
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
+_loop_lock = threading.Lock()
+
+
+def _run(coro: Any) -> Any:
+    """Run ``coro`` on one long-lived event loop of this process.
+
+    async_to_sync would make a new loop per call, and the channel layer a new
+    Redis connection per loop: a few milliseconds on every push. The loop is
+    re-made in a forked child (its thread does not survive a fork).
+    """
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            _loop = asyncio.new_event_loop()
+            _loop_pid = os.getpid()
+            threading.Thread(target=_loop.run_forever, name="live-pushes", daemon=True).start()
+        loop = _loop
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=10)
 
 
 class _Batch:
@@ -68,7 +90,7 @@ def group_send(group: str, message: dict[str, Any]) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        _run(layer.group_send(group, message))
     except Exception:  # noqa: BLE001 - best effort, see docstring
         logger.warning("push to %s failed", group, exc_info=True)
 
@@ -89,7 +111,7 @@ def group_send_many(messages: list[tuple[str, dict[str, Any]]]) -> None:
                 logger.warning("push to %s failed: %s", group, result)
 
     try:
-        async_to_sync(send_all)()
+        _run(send_all())
     except Exception:  # noqa: BLE001 - best effort, as group_send
         logger.warning("pushes failed", exc_info=True)
 

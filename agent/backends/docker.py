@@ -279,6 +279,18 @@ class Demuxer:
 _FRAME_LEN = struct.Struct(">I")
 
 
+def network_driver(swarm: dict[str, Any], cluster_mode: str) -> str:
+    """The network a session's kernels share on this engine.
+
+    A multi-node session whose engines form a swarm (this one a manager) gets an
+    attachable overlay, so kernels on other hosts can join it; otherwise all
+    its kernels here share a local bridge (agents on one engine share it too).
+    Both are internal: no route out.
+    """
+    in_swarm = swarm.get("LocalNodeState") == "active" and bool(swarm.get("ControlAvailable"))
+    return "overlay" if in_swarm and cluster_mode == "multi-node" else "bridge"
+
+
 def network_name(spec: dict[str, Any]) -> str:
     return spec.get("network") or f"bai-{spec['session_id']}"
 
@@ -299,6 +311,7 @@ class DockerBackend(Backend):
         self._events_ready = threading.Event()
         self._net_locks: dict[str, asyncio.Lock] = {}
         self._images_seen: set[str] = set()
+        self._swarm_info: dict[str, Any] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -471,6 +484,7 @@ class DockerBackend(Backend):
             return
         state = KernelState(kernel_id, session_id, kspec["hostname"])
         state.extra["network"] = network_name(spec)
+        state.extra["cluster_mode"] = spec.get("cluster_mode") or ""
         self.kernels[kernel_id] = state
         async with state.lock:
             self.report(state.report())
@@ -611,13 +625,18 @@ class DockerBackend(Backend):
         name = state.extra["network"]
         lock = self._net_locks.setdefault(name, asyncio.Lock())
         async with lock:  # kernels of one session on this agent: one lookup, one create
-            return await self._call(self._ensure_network_sync, name, state.session_id)
+            return await self._call(
+                self._ensure_network_sync,
+                name,
+                state.session_id,
+                state.extra.get("cluster_mode", ""),
+            )
 
     def _networks_named(self, name: str) -> list[dict[str, Any]]:
         # The engine's name filter matches substrings; keep exact matches only.
         return [n for n in self.api.networks(names=[name]) if n["Name"] == name]
 
-    def _ensure_network_sync(self, name: str, session_id: str) -> str:
+    def _ensure_network_sync(self, name: str, session_id: str, cluster_mode: str = "") -> str:
         # Agents sharing one engine run on one host: a host-wide lock around
         # look-up-then-create keeps them from making twins (the engine's own
         # duplicate check is not atomic, and it resolves networks by name when
@@ -625,22 +644,32 @@ class DockerBackend(Backend):
         with open(NETWORK_LOCK_PATH, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                return self._ensure_network_locked(name, session_id)
+                return self._ensure_network_locked(name, session_id, cluster_mode)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _ensure_network_locked(self, name: str, session_id: str) -> str:
+    def _swarm(self) -> dict[str, Any]:
+        if self._swarm_info is None:
+            try:
+                self._swarm_info = self.api.info().get("Swarm") or {}
+            except DockerException:
+                self._swarm_info = {}
+        return self._swarm_info
+
+    def _ensure_network_locked(self, name: str, session_id: str, cluster_mode: str) -> str:
         nets = self._networks_named(name)
         if not nets:
+            driver = network_driver(self._swarm(), cluster_mode)
             try:
                 self.api.create_network(
                     name,
-                    driver="bridge",
+                    driver=driver,
                     internal=True,
+                    attachable=driver == "overlay",
                     check_duplicate=True,
                     labels={L_SESSION: session_id, L_MANAGED: "true"},
                 )
-                log.info("created internal network %s for session %s", name, session_id)
+                log.info("created internal %s network %s for session %s", driver, name, session_id)
             except APIError as exc:
                 if exc.status_code != 409:  # another agent on this engine created it first
                     raise

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from agent.backends.base import render_env_file, render_ssh_environment, trim_tail
-from agent.backends.docker import RUNNER, Dechunker, Demuxer, runner_environment
+from agent.backends.docker import RUNNER, Dechunker, Demuxer, network_driver, runner_environment
 from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem, parse_size
 
 
@@ -150,3 +150,19 @@ def test_the_runner_exits_with_the_startup_commands_code(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failed:
         _run_runner(tmp_path, {}, None, "exit 3")
     assert failed.value.returncode == 3
+
+
+@pytest.mark.parametrize(
+    ("swarm", "mode", "driver"),
+    [
+        ({}, "multi-node", "bridge"),  # a plain engine: agents on it share a bridge
+        ({"LocalNodeState": "inactive"}, "multi-node", "bridge"),
+        ({"LocalNodeState": "active", "ControlAvailable": True}, "multi-node", "overlay"),
+        ({"LocalNodeState": "active", "ControlAvailable": True}, "single-node", "bridge"),
+        ({"LocalNodeState": "active", "ControlAvailable": False}, "multi-node", "bridge"),
+    ],
+)
+def test_a_multi_node_session_gets_an_overlay_only_where_the_engines_form_a_swarm(
+    swarm, mode, driver
+):
+    assert network_driver(swarm, mode) == driver

@@ -40,6 +40,9 @@ OUTBOX_LIMIT = 20_000  # frames kept while the manager is away (oldest dropped f
 OUTBOX_HIGH = 256  # log followers wait while more frames than this are queued
 # Frames that only make sense to a live listener: dropped while disconnected.
 _VOLATILE = frozenset({protocol.TERM_OUTPUT, protocol.LOG_CHUNK})
+# Frames someone is waiting on interactively: sent ahead of queued log chunks,
+# so a followed log (up to OUTBOX_HIGH frames queued) does not delay an echo.
+_URGENT = frozenset({protocol.TERM_OUTPUT, protocol.TERM_CLOSED})
 
 
 class _RedactAuthorization(logging.Filter):
@@ -80,6 +83,7 @@ class Agent:
         self.heartbeat_interval = DEFAULT_HEARTBEAT
         self._ws: ClientConnection | None = None
         self._outbox: collections.deque[dict[str, Any]] = collections.deque()
+        self._urgent: collections.deque[dict[str, Any]] = collections.deque()
         self._outbox_ready = asyncio.Event()
         self._outbox_room = asyncio.Event()
         self._outbox_room.set()
@@ -92,7 +96,12 @@ class Agent:
 
     def emit(self, frame: dict[str, Any]) -> None:
         """Queue a frame for the manager; never blocks."""
-        if self._ws is None and frame.get("type") in _VOLATILE:
+        kind = frame.get("type")
+        if self._ws is None and kind in _VOLATILE:
+            return
+        if kind in _URGENT:
+            self._urgent.append(frame)
+            self._outbox_ready.set()
             return
         self._outbox.append(frame)
         if len(self._outbox) > OUTBOX_LIMIT:
@@ -105,10 +114,13 @@ class Agent:
     async def _sender(self, ws: ClientConnection) -> None:
         while True:
             await self._outbox_ready.wait()
-            while self._outbox:
-                frame = self._outbox.popleft()
-                if len(self._outbox) <= OUTBOX_HIGH // 2:
-                    self._outbox_room.set()
+            while self._urgent or self._outbox:
+                if self._urgent:
+                    frame = self._urgent.popleft()
+                else:
+                    frame = self._outbox.popleft()
+                    if len(self._outbox) <= OUTBOX_HIGH // 2:
+                        self._outbox_room.set()
                 await ws.send(json.dumps(frame))
             self._outbox_room.set()
             self._outbox_ready.clear()
@@ -270,7 +282,9 @@ class Agent:
             self.backend.terminals.detach_all()
 
     def _drop_volatile(self) -> None:
-        kept = [f for f in self._outbox if f.get("type") not in _VOLATILE]
+        kept = [f for f in self._urgent if f.get("type") not in _VOLATILE]
+        kept += [f for f in self._outbox if f.get("type") not in _VOLATILE]
+        self._urgent.clear()
         self._outbox.clear()
         self._outbox.extend(kept)
         self._outbox_room.set()

@@ -342,6 +342,19 @@ class SessionTemplate(models.Model):
 # --- sessions, kernels, events ----------------------------------------------
 
 
+def _transition_values(dst: str, reason: str, now: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """Every field a move to ``dst`` sets together."""
+    values: dict[str, Any] = {"status": dst, "status_reason": reason, "status_changed_at": now}
+    if dst == S.SCHEDULED:
+        values["scheduled_at"] = now
+    elif dst == S.RUNNING:
+        values["started_at"] = now
+    elif dst in TERMINAL:
+        values["terminated_at"] = now
+    values.update(fields)
+    return values
+
+
 class _Transitions(models.Model):
     """Compare-and-swap status transitions shared by sessions and kernels."""
 
@@ -371,18 +384,7 @@ class _Transitions(models.Model):
             )
         now = now or timezone.now()
         reason = reason[:500]  # the status and its event row hold the same text
-        values: dict[str, Any] = {
-            "status": dst,
-            "status_reason": reason,
-            "status_changed_at": now,
-        }
-        if dst == S.SCHEDULED:
-            values["scheduled_at"] = now
-        elif dst == S.RUNNING:
-            values["started_at"] = now
-        elif dst in TERMINAL:
-            values["terminated_at"] = now
-        values.update(fields)
+        values = _transition_values(dst, reason, now, fields)
         # The status and its event row are written together or not at all.
         with transaction.atomic():
             won = type(self).objects.filter(pk=self.pk, status=src).update(**values) == 1
@@ -410,15 +412,8 @@ class _Transitions(models.Model):
         if not can_transition(src, dst):
             raise ValueError(f"illegal transition {src} → {dst} for {cls._meta.model_name}")
         now = now or timezone.now()
-        reason = reason[:500]  # the status and its event row hold the same text
-        values: dict[str, Any] = {
-            "status": dst,
-            "status_reason": reason,
-            "status_changed_at": now,
-        }
-        if dst == S.SCHEDULED:
-            values["scheduled_at"] = now
-        values.update(fields)
+        reason = reason[:500]
+        values = _transition_values(dst, reason, now, fields)
         with transaction.atomic():
             moved = cls.objects.filter(pk__in=ids, status=src).update(**values)
             if moved != len(ids):

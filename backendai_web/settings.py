@@ -80,7 +80,15 @@ _default_db = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASE_URL = env_str("DATABASE_URL", "" if PRODUCTION else _default_db)
 if not DATABASE_URL:
     raise ImproperlyConfigured("DATABASE_URL must be set when BAI_PRODUCTION=true")
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+# Connections are kept (and health-checked) between requests, tasks and
+# websocket handlers: opening one costs milliseconds on every status change.
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL,
+        conn_max_age=env_int("BAI_DB_CONN_MAX_AGE", 60, minimum=0),
+        conn_health_checks=True,
+    )
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Several processes (daphne, celery worker and beat) share the embedded

@@ -271,8 +271,10 @@ def main() -> None:
             asyncio.run(time_session(token, kernels))
         results = {}
         for kernels, plain in ((1, plain_single), (4, plain_four)):
-            ours = [asyncio.run(time_session(token, kernels)) for _ in range(args.runs)]
-            base = [plain(client) for _ in range(args.runs)]
+            ours, base = [], []
+            for _ in range(args.runs):  # interleaved, so both see the same conditions
+                ours.append(asyncio.run(time_session(token, kernels)))
+                base.append(plain(client))
             results[kernels] = (statistics.median(ours), statistics.median(base))
         print(f"launch latency, {args.runs} runs each, image {IMAGE}")
         print(

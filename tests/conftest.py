@@ -17,6 +17,9 @@ IN_CI = os.environ.get("CI") == "true"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The test process closes its connections after each use, so that the test
+    # database can be dropped at the end (servers the tests start keep theirs).
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
     engine = settings.DATABASES["default"]["ENGINE"]
     if IN_CI and "postgresql" not in engine:
         raise pytest.UsageError(

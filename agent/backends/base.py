@@ -129,9 +129,30 @@ class Backend(ABC):
 
     # --- kernels ----------------------------------------------------------------
 
-    @abstractmethod
     async def create_kernels(self, spec: dict[str, Any]) -> None:
         """Create the kernels of a ``create_kernels`` frame that are not there yet."""
+        await asyncio.gather(*(self._create_one(spec, k) for k in spec.get("kernels", [])))
+
+    def claim_kernel(self, spec: dict[str, Any], kspec: dict[str, Any]) -> KernelState | None:
+        """The idempotent start of a create: None when the kernel was destroyed
+        (reported gone) or exists already (re-reported); else its new state,
+        registered and not yet reported."""
+        kernel_id = kspec["kernel_id"]
+        session_id = spec["session_id"]
+        if kernel_id in self.tombstones:
+            self.report_gone(kernel_id, session_id, "already destroyed")
+            return None
+        existing = self.kernels.get(kernel_id)
+        if existing is not None:
+            self.report(existing.report())
+            return None
+        state = KernelState(kernel_id, session_id, kspec["hostname"])
+        self.kernels[kernel_id] = state
+        return state
+
+    @abstractmethod
+    async def _create_one(self, spec: dict[str, Any], kspec: dict[str, Any]) -> None:
+        """Create one kernel (start with ``claim_kernel``)."""
 
     @abstractmethod
     async def destroy_kernels(self, kernel_ids: list[str], reason: str) -> None:

@@ -469,23 +469,13 @@ class DockerBackend(Backend):
 
     # --- create -------------------------------------------------------------------------
 
-    async def create_kernels(self, spec: dict[str, Any]) -> None:
-        await asyncio.gather(*(self._create_one(spec, k) for k in spec.get("kernels", [])))
-
     async def _create_one(self, spec: dict[str, Any], kspec: dict[str, Any]) -> None:
-        kernel_id = kspec["kernel_id"]
-        session_id = spec["session_id"]
-        if kernel_id in self.tombstones:
-            self.report_gone(kernel_id, session_id, "already destroyed")
+        state = self.claim_kernel(spec, kspec)
+        if state is None:
             return
-        existing = self.kernels.get(kernel_id)
-        if existing is not None:
-            self.report(existing.report())
-            return
-        state = KernelState(kernel_id, session_id, kspec["hostname"])
+        kernel_id = state.kernel_id
         state.extra["network"] = network_name(spec)
         state.extra["cluster_mode"] = spec.get("cluster_mode") or ""
-        self.kernels[kernel_id] = state
         async with state.lock:
             self.report(state.report())
             started = time.monotonic()

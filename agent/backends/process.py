@@ -128,22 +128,12 @@ class ProcessBackend(Backend):
 
     # --- kernels ---------------------------------------------------------------------
 
-    async def create_kernels(self, spec: dict[str, Any]) -> None:
-        await asyncio.gather(*(self._create_one(spec, k) for k in spec.get("kernels", [])))
-
     async def _create_one(self, spec: dict[str, Any], kspec: dict[str, Any]) -> None:
-        kernel_id = kspec["kernel_id"]
-        session_id = spec["session_id"]
-        if kernel_id in self.tombstones:
-            self.report_gone(kernel_id, session_id, "already destroyed")
+        state = self.claim_kernel(spec, kspec)
+        if state is None:
             return
-        existing = self.kernels.get(kernel_id)
-        if existing is not None:
-            self.report(existing.report())
-            return
-        state = KernelState(kernel_id, session_id, kspec["hostname"])
+        session_id = state.session_id
         state.extra["exited"] = asyncio.Event()
-        self.kernels[kernel_id] = state
         async with state.lock:
             self.report(state.report())
             try:

@@ -101,6 +101,79 @@ class TermChannel(ABC):
         """End the shell; must be safe to call twice."""
 
 
+class FdChannel(TermChannel):
+    """A shell behind one non-blocking file descriptor, served by the loop's
+    add_reader/add_writer (no threads, no polling). Subclasses say how to read
+    and write it (a socket, a pty master) and how to end the shell."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fd: int,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.on_data = on_data
+        self.on_eof = on_eof
+        self.out = bytearray()
+        self.reading = True
+        self.closed = False
+        loop.add_reader(fd, self._readable)
+
+    @abstractmethod
+    def _recv(self) -> bytes:
+        """Read what is there; raise BlockingIOError when nothing is."""
+
+    @abstractmethod
+    def _send(self, data: bytearray) -> int:
+        """Write what fits; return how much."""
+
+    def _readable(self) -> None:
+        try:
+            data = self._recv()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # e.g. EIO: the other side of the shell went away
+            data = b""
+        if not data:
+            self._stop_io()
+            self.on_eof()
+            return
+        self.on_data(data)
+
+    def _stop_io(self) -> None:
+        if self.reading:
+            self.reading = False
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.fd)
+        with contextlib.suppress(Exception):
+            self.loop.remove_writer(self.fd)
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.out += data
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            sent = self._send(self.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self.out.clear()
+            return
+        del self.out[:sent]
+        if self.out:
+            self.loop.add_writer(self.fd, self._writable)
+
+    def _writable(self) -> None:
+        self.loop.remove_writer(self.fd)
+        self._flush()
+
+
 class Backend(ABC):
     """The interface the daemon drives. Subclasses: docker, process."""
 

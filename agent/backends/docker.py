@@ -37,6 +37,7 @@ from docker.types import Mount
 from agent import protocol
 from agent.backends.base import (
     Backend,
+    FdChannel,
     KernelError,
     KernelState,
     TermChannel,
@@ -827,7 +828,7 @@ class DockerBackend(Backend):
         return channel
 
 
-class ExecChannel(TermChannel):
+class ExecChannel(FdChannel):
     """A ``docker exec`` TTY: its hijacked socket is read with the loop's add_reader."""
 
     def __init__(
@@ -846,55 +847,14 @@ class ExecChannel(TermChannel):
         self.pidfile = pidfile
         self.sock = sock  # keeps the HTTP response (and so the connection) alive
         self.raw = getattr(sock, "_sock", sock)
-        self.loop = asyncio.get_running_loop()
-        self.on_data = on_data
-        self.on_eof = on_eof
-        self.out = bytearray()
-        self.reading = True
-        self.closed = False
         self.raw.setblocking(False)
-        self.loop.add_reader(self.raw.fileno(), self._readable)
+        super().__init__(asyncio.get_running_loop(), self.raw.fileno(), on_data, on_eof)
 
-    def _readable(self) -> None:
-        try:
-            data = self.raw.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._stop_reading()
-            self.on_eof()
-            return
-        self.on_data(data)
+    def _recv(self) -> bytes:
+        return self.raw.recv(65536)
 
-    def _stop_reading(self) -> None:
-        if self.reading:
-            self.reading = False
-            with contextlib.suppress(Exception):
-                self.loop.remove_reader(self.raw.fileno())
-
-    def write(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self.out += data
-        self._flush()
-
-    def _flush(self) -> None:
-        try:
-            sent = self.raw.send(self.out)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self.out.clear()
-            return
-        del self.out[:sent]
-        if self.out:
-            self.loop.add_writer(self.raw.fileno(), self._writable)
-
-    def _writable(self) -> None:
-        self.loop.remove_writer(self.raw.fileno())
-        self._flush()
+    def _send(self, data: bytearray) -> int:
+        return self.raw.send(data)
 
     async def resize(self, cols: int, rows: int) -> None:
         if self.closed:
@@ -908,9 +868,7 @@ class ExecChannel(TermChannel):
         if self.closed:
             return
         self.closed = True
-        self._stop_reading()
-        with contextlib.suppress(Exception):
-            self.loop.remove_writer(self.raw.fileno())
+        self._stop_io()
         with contextlib.suppress(Exception):
             self.sock.close()
         with contextlib.suppress(Exception):

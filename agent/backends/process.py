@@ -33,6 +33,7 @@ from agent import protocol
 from agent.backends.base import (
     LOG_CHUNK_MAX,
     Backend,
+    FdChannel,
     KernelError,
     KernelState,
     TermChannel,
@@ -384,60 +385,20 @@ def _set_winsize(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", max(rows, 1), max(cols, 1), 0, 0))
 
 
-class PtyChannel(TermChannel):
-    """A shell on a pseudo-terminal, read with the loop's add_reader (no threads, no polling)."""
+class PtyChannel(FdChannel):
+    """A shell on a pseudo-terminal."""
 
     def __init__(self, loop, master: int, proc: subprocess.Popen, on_data, on_eof) -> None:
-        self.loop = loop
         self.master = master
         self.proc = proc
-        self.on_data = on_data
-        self.on_eof = on_eof
-        self.out = bytearray()
-        self.reading = True
-        self.closed = False
         os.set_blocking(master, False)
-        loop.add_reader(master, self._readable)
+        super().__init__(loop, master, on_data, on_eof)
 
-    def _readable(self) -> None:
-        try:
-            data = os.read(self.master, 65536)
-        except BlockingIOError:
-            return
-        except OSError:  # EIO: the last holder of the slave side went away
-            data = b""
-        if not data:
-            self._stop_reading()
-            self.on_eof()
-            return
-        self.on_data(data)
+    def _recv(self) -> bytes:
+        return os.read(self.master, 65536)
 
-    def _stop_reading(self) -> None:
-        if self.reading:
-            self.reading = False
-            self.loop.remove_reader(self.master)
-
-    def write(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self.out += data
-        self._flush()
-
-    def _flush(self) -> None:
-        try:
-            written = os.write(self.master, self.out)
-        except BlockingIOError:
-            written = 0
-        except OSError:
-            self.out.clear()
-            return
-        del self.out[:written]
-        if self.out:
-            self.loop.add_writer(self.master, self._writable)
-
-    def _writable(self) -> None:
-        self.loop.remove_writer(self.master)
-        self._flush()
+    def _send(self, data: bytearray) -> int:
+        return os.write(self.master, data)
 
     async def resize(self, cols: int, rows: int) -> None:
         if not self.closed:
@@ -447,8 +408,7 @@ class PtyChannel(TermChannel):
         if self.closed:
             return
         self.closed = True
-        self._stop_reading()
-        self.loop.remove_writer(self.master)
+        self._stop_io()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGHUP)
         os.close(self.master)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from . import protocol
+
 log = logging.getLogger(__name__)
 
-DEFAULT_LOG_TAIL_BYTES = 64 * 1024
 DEFAULT_TERM_GRACE = 120.0
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -53,7 +54,8 @@ class AgentConfig:
     gpus: int | None = None
     work_dir: Path = field(default_factory=lambda: Path("var/agent").absolute())
     data_root: Path | None = None
-    log_tail_bytes: int = DEFAULT_LOG_TAIL_BYTES
+    # Set by the manager at registration (protocol.REGISTERED).
+    log_tail_bytes: int = protocol.LOG_TAIL_BYTES_DEFAULT
     pull: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     term_grace: float = DEFAULT_TERM_GRACE
@@ -94,7 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="refuse data-folder mounts outside this directory",
     )
-    p.add_argument("--log-tail-bytes", type=int, default=DEFAULT_LOG_TAIL_BYTES)
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
@@ -117,7 +118,6 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         gpus=ns.gpus,
         work_dir=ns.work_dir.absolute(),
         data_root=ns.data_root.absolute() if ns.data_root else None,
-        log_tail_bytes=ns.log_tail_bytes,
         pull=ns.pull,
         labels=dict(ns.label),
         term_grace=ns.term_grace,

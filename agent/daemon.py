@@ -250,7 +250,7 @@ class Agent:
                 if msg.get("type") == protocol.ERROR:
                     log.warning("manager error before registration: %s", msg.get("message"))
         self.agent_id = str(msg["agent_id"])
-        self.heartbeat_interval = float(msg.get("heartbeat_interval") or DEFAULT_HEARTBEAT)
+        self._apply_registered(msg)
         self.backend.set_agent_id(self.agent_id)
         log.info(
             "registered as agent %s (heartbeat every %.1f s, %d kernels reported)",
@@ -258,6 +258,15 @@ class Agent:
             self.heartbeat_interval,
             len(kernels),
         )
+
+    def _apply_registered(self, msg: dict[str, Any]) -> None:
+        """The manager's settings for this agent, within the protocol's bounds."""
+        self.heartbeat_interval = float(msg.get("heartbeat_interval") or DEFAULT_HEARTBEAT)
+        tail = msg.get("log_tail_bytes")
+        if isinstance(tail, int) and not isinstance(tail, bool):
+            self.config.log_tail_bytes = min(
+                max(tail, protocol.LOG_TAIL_BYTES_MIN), protocol.LOG_TAIL_BYTES_MAX
+            )
 
     async def _serve(self, ws: ClientConnection) -> None:
         self._ws = ws
@@ -346,7 +355,7 @@ class Agent:
             if task is not None:
                 task.cancel()
         elif kind == protocol.REGISTERED:
-            self.heartbeat_interval = float(msg.get("heartbeat_interval") or DEFAULT_HEARTBEAT)
+            self._apply_registered(msg)
         elif kind == protocol.ERROR:
             log.warning("manager says: %s", msg.get("message"))
         else:

@@ -35,7 +35,7 @@ KERNEL_STATUS = "kernel_status"
 #   live output of a followed kernel log (stream_id is the one of logs_follow)
 LOG_CHUNK = "log_chunk"
 # {"type": "log_tail", "kernel_id": str, "data": str}
-#   the kept tail (bounded, default 64 KiB) of a kernel that ended; sent once
+#   the kept tail (log_tail_bytes of "registered") of a kernel that ended; sent once
 #   per end, and again on request (idempotent on the manager).
 LOG_TAIL = "log_tail"
 # {"type": "term_output", "term_id": str, "data": str}  (utf-8 text, lossy decode)
@@ -63,8 +63,14 @@ KERNEL_REPORT_STATUSES = (KR_PREPARING, KR_PULLING, KR_RUNNING, KR_EXITED, KR_ER
 #   ("no such terminal"), so the browser side can stop waiting.
 
 # --- manager -> agent -------------------------------------------------------
-# {"type": "registered", "agent_id": str, "heartbeat_interval": float}
+# {"type": "registered", "agent_id": str, "heartbeat_interval": float,
+#  "log_tail_bytes": int}
+#   log_tail_bytes: how much of each kernel's log the agent keeps and sends as
+#   its log_tail (the manager's one setting, BAI_LOG_TAIL_BYTES), within the bounds below.
 REGISTERED = "registered"
+LOG_TAIL_BYTES_DEFAULT = 64 * 1024
+LOG_TAIL_BYTES_MIN = 1024
+LOG_TAIL_BYTES_MAX = 16 * 1024 * 1024
 # {"type": "create_kernels", "session_id": str, "network": str,
 #  "cluster_mode": "single-node"|"multi-node", "session_type": str,
 #  "ssh": {"private_key": str, "public_key": str}|None,
@@ -103,6 +109,52 @@ TERM_CLOSE = "term_close"
 #   answers with an error carrying that request's "stream_id", so the gateway can tell
 #   the one browser stream; the field is absent in other errors.
 ERROR = "error"
+
+
+# --- inside the manager: the channel layer ---------------------------------
+# Browser consumers and the agent gateway talk over the channel layer with these
+# events (never seen by the agent itself).
+# {"type": "agent.command", "command": <a manager -> agent frame>,
+#  "reply"?: <the sender's channel>, "ack"?: int}
+#   to an agent's gateway (its group, or its channel once known). A terminal's
+#   commands carry "reply" (where its output goes) and, while sent through the
+#   group, "ack" (a count the gateway echoes in term.route).
+GW_AGENT_COMMAND = "agent.command"
+# {"type": "agent.reconcile"}: reconcile now (the scheduler placed or a session is ending).
+GW_AGENT_RECONCILE = "agent.reconcile"
+# {"type": "agent.replaced", "channel": str}: a newer connection of the agent took over.
+GW_AGENT_REPLACED = "agent.replaced"
+# {"type": "term.route", "gateway": <gateway channel>|None, "ack"?: int, "from"?: <channel>}
+#   gateway -> terminal consumer: send your commands straight to this channel from
+#   now on (after the command numbered "ack"); None: that gateway ("from") went away.
+GW_TERM_ROUTE = "term.route"
+# Streams out to the browser consumers: {"type": "logs.chunk", "kernel_id", "data"},
+# {"type": "term.output", "data"}, {"type": "term.closed", "reason"}.
+GW_LOGS_CHUNK = "logs.chunk"
+GW_TERM_OUTPUT = "term.output"
+GW_TERM_CLOSED = "term.closed"
+
+
+def gw_agent_command(
+    command: dict[str, object], *, reply: str | None = None, ack: int | None = None
+) -> dict[str, object]:
+    event: dict[str, object] = {"type": GW_AGENT_COMMAND, "command": command}
+    if reply is not None:
+        event["reply"] = reply
+    if ack is not None:
+        event["ack"] = ack
+    return event
+
+
+def gw_term_route(
+    gateway: str | None, *, ack: int | None = None, sender: str | None = None
+) -> dict[str, object]:
+    event: dict[str, object] = {"type": GW_TERM_ROUTE, "gateway": gateway}
+    if ack is not None:
+        event["ack"] = ack
+    if sender is not None:
+        event["from"] = sender
+    return event
 
 
 def agent_group(agent_id: str) -> str:

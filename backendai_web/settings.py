@@ -173,6 +173,12 @@ SPECTACULAR_SETTINGS = {
 # --- domain settings -------------------------------------------------------
 # Slot types a session may request. A missing slot counts as 0.
 BAI_SLOT_TYPES = env_list("BAI_SLOT_TYPES", ["cpu", "mem", "cuda.device", "cuda.shares"])
+# The admin's floor for every kernel, whatever its image: a kernel always gets
+# real CPU and memory limits. Images may ask for more (Image.min_slots).
+BAI_KERNEL_MIN_SLOTS = {
+    "cpu": env_str("BAI_KERNEL_MIN_CPU", "0.01"),
+    "mem": str(env_int("BAI_KERNEL_MIN_MEM", 16 * 2**20, minimum=6 * 2**20)),
+}
 # Users' data folders live below this root; nothing else is ever mounted.
 BAI_STORAGE_ROOT = Path(env_str("BAI_STORAGE_ROOT", str(VAR_DIR / "storage"))).resolve()
 BAI_AGENT_HEARTBEAT_INTERVAL = env_float("BAI_AGENT_HEARTBEAT_INTERVAL", 3.0, minimum=0.1)

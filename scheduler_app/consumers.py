@@ -17,10 +17,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from agent import protocol
-from sessions_app import services as session_services
-from sessions_app.consumers import LoopDispatch
+from backendai_web.websockets import LoopDispatch
 
-from . import services
+from . import reconcile
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +47,8 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         token = auth[6:].strip() if auth.lower().startswith("token ") else ""
         await self.accept()
         try:
-            agent = await _db(services.agent_authenticate)(token=token)
-        except services.AgentRefused as exc:
+            agent = await _db(reconcile.agent_authenticate)(token=token)
+        except reconcile.AgentRefused as exc:
             client = self.scope.get("client") or ("?", 0)
             logger.warning("agent connection from %s refused: %s", client[0], exc)
             await self.send_json({"type": protocol.ERROR, "message": str(exc)})
@@ -64,13 +63,13 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         routes = getattr(self, "term_routes", {})
         for channel in {c for channels in routes.values() for c in channels}:
             await self.channel_layer.send(
-                channel, {"type": "term.route", "gateway": None, "from": self.channel_name}
+                channel, protocol.gw_term_route(None, sender=self.channel_name)
             )
         routes.clear()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and self.group:
-            await _db(services.agent_disconnected)(agent_id=self.agent_id)
+            await _db(reconcile.agent_disconnected)(agent_id=self.agent_id)
             logger.info("agent %s disconnected (code %s)", self.agent_id, code)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
@@ -102,15 +101,17 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
 
         try:
             agent = await _db(
-                lambda: services.agent_register(agent=Agent.objects.get(pk=self.agent_id), info=msg)
+                lambda: reconcile.agent_register(
+                    agent=Agent.objects.get(pk=self.agent_id), info=msg
+                )
             )()
-        except services.AgentRefused as exc:
+        except reconcile.AgentRefused as exc:
             await self._refuse(str(exc))
             return
         self.group = protocol.agent_group(agent.pk)
         # Only one live connection per agent: the newest one wins.
         await self.channel_layer.group_send(
-            self.group, {"type": "agent.replaced", "channel": self.channel_name}
+            self.group, {"type": protocol.GW_AGENT_REPLACED, "channel": self.channel_name}
         )
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.send_json(
@@ -118,6 +119,7 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
                 "type": protocol.REGISTERED,
                 "agent_id": agent.pk,
                 "heartbeat_interval": settings.BAI_AGENT_HEARTBEAT_INTERVAL,
+                "log_tail_bytes": settings.BAI_LOG_TAIL_BYTES,
             }
         )
         await self._reconcile(msg.get("kernels") or [])
@@ -126,32 +128,40 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         await self._reconcile(msg.get("kernels") or [])
 
     async def _reconcile(self, reports: list[dict[str, Any]] | None) -> None:
-        commands = await _db(services.agent_reconcile)(agent_id=self.agent_id, reports=reports)
+        commands = await _db(reconcile.agent_reconcile)(agent_id=self.agent_id, reports=reports)
         for command in commands:
             await self.send_json(command)
 
     async def _on_kernel_status(self, msg: dict[str, Any]) -> None:
-        await _db(services.agent_kernel_report)(agent_id=self.agent_id, report=msg)
+        await _db(reconcile.agent_kernel_report)(agent_id=self.agent_id, report=msg)
 
     async def _on_log_chunk(self, msg: dict[str, Any]) -> None:
         await self.channel_layer.group_send(
             protocol.log_stream_group(str(msg.get("stream_id"))),
-            {"type": "logs.chunk", "kernel_id": msg.get("kernel_id"), "data": msg.get("data", "")},
+            {
+                "type": protocol.GW_LOGS_CHUNK,
+                "kernel_id": msg.get("kernel_id"),
+                "data": msg.get("data", ""),
+            },
         )
 
     async def _on_log_tail(self, msg: dict[str, Any]) -> None:
-        await _db(session_services.kernel_store_log_tail)(
-            kernel_id=str(msg.get("kernel_id")), data=str(msg.get("data", ""))
+        await _db(reconcile.kernel_store_log_tail)(
+            agent_id=self.agent_id,
+            kernel_id=str(msg.get("kernel_id")),
+            data=str(msg.get("data", "")),
         )
 
     async def _on_term_output(self, msg: dict[str, Any]) -> None:
         await self._to_terminal(
-            str(msg.get("term_id")), {"type": "term.output", "data": msg.get("data", "")}
+            str(msg.get("term_id")), {"type": protocol.GW_TERM_OUTPUT, "data": msg.get("data", "")}
         )
 
     async def _on_term_closed(self, msg: dict[str, Any]) -> None:
         term_id = str(msg.get("term_id"))
-        await self._to_terminal(term_id, {"type": "term.closed", "reason": msg.get("reason", "")})
+        await self._to_terminal(
+            term_id, {"type": protocol.GW_TERM_CLOSED, "reason": msg.get("reason", "")}
+        )
         self.term_routes.pop(term_id, None)
 
     async def _to_terminal(self, term_id: str, event: dict[str, Any]) -> None:
@@ -199,7 +209,7 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         if event.get("ack") is not None:
             # It came through the group: say where to send from now on.
             await self.channel_layer.send(
-                reply, {"type": "term.route", "gateway": self.channel_name, "ack": event["ack"]}
+                reply, protocol.gw_term_route(self.channel_name, ack=event["ack"])
             )
 
     async def agent_reconcile(self, event: dict[str, Any]) -> None:

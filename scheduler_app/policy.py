@@ -55,7 +55,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Context, Decimal, DivisionByZero, Inexact, InvalidOperation, Overflow
 from fractions import Fraction
+from functools import partial
 from itertools import chain
+
+from sessions_app.policy import (
+    DependencyState,
+    capacity_refusal,
+    concurrent_refusal,
+    containers_refusal,
+    dependencies_verdict,
+    total_slots_refusal,
+)
 
 __all__ = [
     "AGENT_SELECTIONS",
@@ -318,14 +328,6 @@ class Quota:
     max_containers_per_session: int | None
     allowed_resource_groups: frozenset[str] | None
     max_concurrent_system_sessions: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DependencyState:
-    """``status``: PENDING .. TERMINATED, ERROR, CANCELLED; ``result``: UNDEFINED/SUCCESS/FAILED."""
-
-    status: str
-    result: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,23 +653,14 @@ class _Pass:
         return self.check_quota(session, request, quota)
 
     def check_dependencies(self, session: PendingSession) -> Wait | Cancellation | None:
-        waiting: list[str] = []
+        deps = self.snapshot.dependencies
+        labelled = []
         for dep_id in session.depends_on:
-            dep = self.snapshot.dependencies.get(dep_id)
-            sid = session.session_id
-            if dep is None:
-                return Cancellation(sid, f"dependency {_short(dep_id)} does not exist")
-            if dep.result == "SUCCESS":
-                continue
-            if dep.result == "FAILED":
-                return Cancellation(sid, f"dependency {_short(dep_id)} ended FAILED")
-            if dep.status in ("ERROR", "CANCELLED"):
-                return Cancellation(sid, f"dependency {_short(dep_id)} ended {dep.status}")
-            if dep.status == "TERMINATED":
-                return Cancellation(
-                    sid, f"dependency {_short(dep_id)} ended without success (result {dep.result})"
-                )
-            waiting.append(_short(dep_id))
+            dep = deps.get(dep_id)
+            labelled.append((dep.name if dep is not None and dep.name else _short(dep_id), dep))
+        reason, waiting = dependencies_verdict(labelled)
+        if reason is not None:
+            return Cancellation(session.session_id, reason)
         if waiting:
             return Wait(
                 session.session_id, f"waiting for dependencies: {', '.join(waiting)}", False
@@ -675,47 +668,36 @@ class _Pass:
         return None
 
     def check_quota(self, session: PendingSession, request: _Request, quota: Quota) -> Wait | None:
+        """The quota rules of ``sessions_app.policy``, against what the owner holds
+        now plus what this pass already placed for them."""
         sid = session.session_id
-        size = len(session.kernels)
-        limit = quota.max_containers_per_session
-        if limit is not None and size > limit:
-            return Wait(
-                sid,
-                f"quota: cluster of {size} containers; at most {limit} allowed per session",
-                False,
-            )
+        refusal = containers_refusal(len(session.kernels), quota.max_containers_per_session)
+        if refusal is not None:
+            return Wait(sid, refusal, False)
         owner = self.owner(session.owner_id)
         if session.session_type == SYSTEM_SESSION_TYPE:
-            limit = quota.max_concurrent_system_sessions
-            if limit is not None and owner.active_system >= limit:
-                return Wait(
-                    sid,
-                    f"quota: {limit} concurrent system sessions allowed; {owner.active_system} already active",
-                    False,
-                )
-            return None
-        limit = quota.max_concurrent_sessions
-        if limit is not None and owner.active >= limit:
-            return Wait(
-                sid,
-                f"quota: {limit} concurrent sessions allowed; {owner.active} already active",
-                False,
+            refusal = concurrent_refusal(
+                owner.active_system, quota.max_concurrent_system_sessions, system=True
             )
+            return None if refusal is None else Wait(sid, refusal, False)
+        refusal = concurrent_refusal(owner.active, quota.max_concurrent_sessions)
+        if refusal is not None:
+            return Wait(sid, refusal, False)
         if quota.total_slots is not None:
             allowed = self.quota_totals.get(id(quota))
             if allowed is None:
                 allowed = self.vectors[quota.total_slots]
                 self.quota_totals[id(quota)] = allowed
             for j, wanted in enumerate(request.block):
-                if wanted > 0 and owner.occupied[j] + wanted > allowed[j]:
-                    would = owner.occupied[j] + wanted
-                    return Wait(
-                        sid,
-                        f"quota: total {self.names[j]} would be {self.amount(j, would)} of "
-                        f"{self.amount(j, allowed[j])} allowed "
-                        f"({self.amount(j, would - allowed[j])} over)",
-                        False,
-                    )
+                refusal = total_slots_refusal(
+                    slot=self.names[j],
+                    held=owner.occupied[j],
+                    wanted=wanted,
+                    allowed=allowed[j],
+                    amount=partial(self.amount, j),
+                )
+                if refusal is not None:
+                    return Wait(sid, refusal, False)
         return None
 
     def commit(self, session: PendingSession, request: _Request) -> None:
@@ -906,11 +888,13 @@ class _Pass:
                 biggest = [max(column) for column in zip(*self.capacity, strict=True)]
                 for j, wanted in enumerate(vector):
                     if wanted > biggest[j]:
-                        if biggest[j] <= 0:
-                            tail = f"no agent in resource group {group} has {self.names[j]}"
-                        else:
-                            tail = f"the largest agent in resource group {group} has {self.amount(j, biggest[j])}"
-                        return f"{prefix}{self.amount_with_slot(j, wanted)}{where}; {tail}", False
+                        reason = capacity_refusal(
+                            need=f"{prefix}{self.amount_with_slot(j, wanted)}",
+                            where=where,
+                            group=group,
+                            largest=self.amount_with_slot(j, max(biggest[j], 0)),
+                        )
+                        return reason, False
                 reason = f"{prefix}{self.describe(vector)}{where}; no agent in resource group {group} is big enough"
                 return reason, False
         largest = self.max_free()

@@ -2,7 +2,7 @@
 
 from django.dispatch import receiver
 
-from sessions_app.signals import scheduling_requested
+from sessions_app.signals import reconcile_requested, scheduling_requested
 
 
 @receiver(scheduling_requested)
@@ -10,3 +10,10 @@ def _queue_pass(sender: object, resource_group_id: int | None = None, **kwargs: 
     from .tasks import request_pass
 
     request_pass(resource_group_id)
+
+
+@receiver(reconcile_requested)
+def _reconcile_agents(sender: object, agent_ids: list[str] | None = None, **kwargs: object) -> None:
+    from .reconcile import notify_agents
+
+    notify_agents(list(agent_ids or []))

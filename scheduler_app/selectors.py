@@ -25,6 +25,7 @@ from sessions_app.models import (
     Status,
     UserResourcePolicy,
 )
+from sessions_app.policy import dependency_state
 
 from . import policy
 
@@ -131,10 +132,12 @@ def build_snapshot(
         depends[from_id].append(str(to_id))
     dependency_ids = {d for ds in depends.values() for d in ds}
     dependencies = {
-        str(pk): policy.DependencyState(status=st, result=result)
-        for pk, st, result in Session.objects.filter(pk__in=dependency_ids).values_list(
-            "pk", "status", "result"
+        str(pk): dependency_state(
+            status=st, result=result, name=name, exit_code=code, status_reason=why
         )
+        for pk, st, result, name, code, why in Session.objects.filter(
+            pk__in=dependency_ids
+        ).values_list("pk", "status", "result", "name", "exit_code", "status_reason")
     }
 
     pending_states = tuple(

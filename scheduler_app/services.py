@@ -1,5 +1,5 @@
-"""The machinery that acts on sessions_app's models: scheduling passes, the
-agent side of reconciliation, and the lost-agent sweep.
+"""The scheduling pass: what acts on sessions_app's pending sessions. (The
+agent side lives in ``reconcile``, the time limits in ``sweeps``.)
 
 One pass = one short transaction under the group's lock: snapshot → pure
 policy → commit. Agents are nudged after commit; they are never called inside
@@ -14,51 +14,31 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, CharField, F, JSONField, Value, When
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from agent import protocol
 from sessions_app import live
 from sessions_app import services as session_services
 from sessions_app.models import (
-    OCCUPYING,
-    TERMINAL,
     Agent,
-    AgentStatus,
     Kernel,
     ResourceGroup,
     Session,
     SessionEvent,
     Status,
-    hash_token,
 )
 from sessions_app.slots import from_strings, shortfall, to_strings
 
 from . import policy, selectors
+from .locks import lock_group
+from .reconcile import notify_agents
 
 logger = logging.getLogger(__name__)
-
-# Advisory-lock keys, all in one place: (namespace, object id).
-LOCKS = {"resource_group": 7301}
-
-
-def lock_group(group_id: int) -> None:
-    """Serialise passes and agent loss per resource group across processes.
-
-    PostgreSQL: a transaction-scoped advisory lock. SQLite: the write
-    transaction itself is exclusive (transaction_mode IMMEDIATE).
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)", [LOCKS["resource_group"], group_id]
-            )
 
 
 @dataclass
@@ -123,8 +103,10 @@ def schedule_pass(*, group_id: int, now: datetime | None = None) -> PassResult:
         for cancel in decisions.cancellations:
             session = by_id[cancel.session_id]
             for kernel in session.kernels.filter(status=Status.PENDING):
-                kernel.mark_cancelled(cancel.reason)
+                if kernel.mark_cancelled(cancel.reason):
+                    live.status_changed(kernel)
             if session.mark_cancelled(cancel.reason):
+                live.status_changed(session)
                 result.cancelled += 1
                 # Its dependents go now, with reasons that name the whole chain.
                 session_services.session_cancel_dependents(session=session)
@@ -165,21 +147,32 @@ def _apply_placements(
     for placement in placements:
         for kernel_id, agent_id in placement.assignments.items():
             kernels_by_agent.setdefault(agent_id, []).append(kernel_id)
-    session_ids = [by_id[p.session_id].pk for p in placements]
+    sessions = [by_id[p.session_id] for p in placements]
+    reason = "placed on agents; starting"
     Session.bulk_transition(
-        session_ids, Status.PENDING, Status.SCHEDULED, "placed on agents; starting", now=now
+        [s.pk for s in sessions], Status.PENDING, Status.SCHEDULED, reason, now=now
     )
+    for session in sessions:
+        live.session_changed(
+            owner_id=session.owner_id,
+            session_id=str(session.pk),
+            status=Status.SCHEDULED,
+            reason=reason,
+        )
     # One statement for every kernel of the pass (one per agent cost ~4 ms each,
     # seconds for a thousand agents), each row getting its own agent. The reason
     # is shared, since a status and its event row hold the same text.
+    kernel_ids = [kernel_id for ids in kernels_by_agent.values() for kernel_id in ids]
+    reason = "placed on its agent; starting"
     Kernel.bulk_transition(
-        [kernel_id for kernel_ids in kernels_by_agent.values() for kernel_id in kernel_ids],
+        kernel_ids,
         Status.PENDING,
         Status.SCHEDULED,
-        "placed on its agent; starting",
+        reason,
         now=now,
         agent_id=_agent_per_kernel(kernels_by_agent),
     )
+    live.kernels_changed(kernel_ids=kernel_ids, status=Status.SCHEDULED, reason=reason)
     result.placed_sessions = len(placements)
     result.placed_kernels = sum(len(v) for v in kernels_by_agent.values())
     result.agents_to_notify.update(kernels_by_agent)
@@ -305,198 +298,8 @@ def _store_occupancy(agent_ids: set[str]) -> None:
         Agent.objects.bulk_update(agents, ["occupied_slots"], batch_size=500)
 
 
-def notify_agents(agent_ids: list[str]) -> None:
-    """Fast path: tell each agent's gateway to reconcile now, all in one trip
-    into the event loop (a pass may touch a thousand agents). Best effort: the
-    heartbeat path catches up."""
-    live.group_send_many(
-        [(protocol.agent_group(a), {"type": "agent.reconcile"}) for a in agent_ids]
-    )
-
-
 def schedulable_group_ids(group_id: int | None) -> list[int]:
     qs = ResourceGroup.objects.filter(is_active=True)
     if group_id is not None:
         qs = qs.filter(pk=group_id)
     return list(qs.values_list("pk", flat=True))
-
-
-# --- agents -----------------------------------------------------------------
-
-
-class AgentRefused(Exception):
-    """The agent may not connect; the message says why (and is logged)."""
-
-
-def agent_authenticate(*, token: str) -> Agent:
-    agent = (
-        Agent.objects.filter(token_hash=hash_token(token)).select_related("resource_group").first()
-    )
-    if agent is None:
-        raise AgentRefused("unknown agent token (create the agent and its token in Django admin)")
-    if agent.status == AgentStatus.TERMINATED:
-        raise AgentRefused(f"agent {agent.pk} was decommissioned by an admin")
-    return agent
-
-
-def agent_register(*, agent: Agent, info: dict[str, Any], now: datetime | None = None) -> Agent:
-    """Record what the agent says about itself and mark it alive."""
-    now = now or timezone.now()
-    capacity = {}
-    for slot, value in (info.get("slots") or {}).items():
-        capacity[str(slot)] = str(value)
-    fields: dict[str, Any] = {
-        "status": AgentStatus.ALIVE,
-        "status_reason": "connected",
-        "backend": str(info.get("backend") or "")[:16],
-        "hostname": str(info.get("hostname") or "")[:255],
-        "version": str(info.get("version") or "")[:64],
-        "capacity_slots": capacity,
-        "labels": info.get("labels") or {},
-        "last_heartbeat_at": now,
-        "lost_at": None,
-    }
-    if agent.first_contact_at is None:
-        fields["first_contact_at"] = now
-    wanted_group = info.get("resource_group")
-    if wanted_group and wanted_group != agent.resource_group.name:
-        group = ResourceGroup.objects.filter(name=wanted_group).first()
-        if group is None:
-            raise AgentRefused(f"resource group {wanted_group!r} does not exist")
-        fields["resource_group"] = group
-    with transaction.atomic():
-        Agent.objects.filter(pk=agent.pk).update(**fields)
-    agent.refresh_from_db()
-    logger.info("agent %s registered: %s backend, slots %s", agent.pk, agent.backend, capacity)
-    session_services.request_scheduling(group_id=agent.resource_group_id)
-    return agent
-
-
-# Kernels created less than this long ago may not be reported yet.
-CREATE_GRACE = timedelta(seconds=20)
-
-
-def agent_reconcile(
-    *, agent_id: str, reports: list[dict[str, Any]] | None, now: datetime | None = None
-) -> list[dict[str, Any]]:
-    """Compare desired state (database) with the agent's report and return
-    the commands that close the gap. ``reports`` None: no fresh report (a
-    nudge after a scheduling pass) — only create what is new.
-    """
-    now = now or timezone.now()
-    commands: list[dict[str, Any]] = []
-    if reports is not None:
-        Agent.objects.filter(pk=agent_id).update(last_heartbeat_at=now)
-        reported = {r["kernel_id"]: r for r in reports if r.get("kernel_id")}
-        for kernel_id, report in reported.items():
-            _apply_report(agent_id=agent_id, kernel_id=kernel_id, report=report)
-    else:
-        reported = {}
-    placed = {
-        str(k.pk): k
-        for k in Kernel.objects.filter(agent_id=agent_id, status__in=OCCUPYING).select_related(
-            "session"
-        )
-    }
-    to_create: dict[Any, list[Kernel]] = {}
-    to_destroy: list[str] = []
-    for kernel_id, kernel in placed.items():
-        if kernel.status == Status.TERMINATING:
-            if reports is not None and kernel_id not in reported:
-                session_services.kernel_apply_report(
-                    kernel=kernel, report={"status": protocol.KR_GONE, "reason": "destroyed"}
-                )
-            else:
-                to_destroy.append(kernel_id)
-            continue
-        if kernel_id in reported:
-            continue
-        if kernel.status == Status.SCHEDULED:
-            to_create.setdefault(kernel.session_id, []).append(kernel)
-        elif reports is None:
-            continue
-        elif kernel.status == Status.RUNNING:
-            # It ran here and the agent no longer has it.
-            session_services.kernel_apply_report(
-                kernel=kernel,
-                report={
-                    "status": protocol.KR_ERROR,
-                    "reason": f"the container vanished from agent {agent_id}",
-                },
-            )
-        elif kernel.status_changed_at and now - kernel.status_changed_at > CREATE_GRACE:
-            # Preparing for long and not reported: the create was lost; send it again.
-            to_create.setdefault(kernel.session_id, []).append(kernel)
-    if reports is not None:
-        # Reported but not wanted here: ended, unknown or placed elsewhere. Never adopt twice.
-        for kernel_id, report in reported.items():
-            if kernel_id not in placed and report.get("status") not in (protocol.KR_GONE,):
-                to_destroy.append(kernel_id)
-    for kernels in to_create.values():
-        commands.append(
-            session_services.create_kernels_command(session=kernels[0].session, kernels=kernels)
-        )
-    if to_destroy:
-        commands.append(
-            {
-                "type": protocol.DESTROY_KERNELS,
-                "kernel_ids": sorted(set(to_destroy)),
-                "reason": "not wanted",
-            }
-        )
-    return commands
-
-
-def _apply_report(*, agent_id: str, kernel_id: str, report: dict[str, Any]) -> None:
-    kernel = Kernel.objects.filter(pk=_uuid_or_none(kernel_id), agent_id=agent_id).first()
-    if kernel is None or kernel.status in TERMINAL:
-        return
-    session_services.kernel_apply_report(kernel=kernel, report=report)
-
-
-def agent_kernel_report(*, agent_id: str, report: dict[str, Any]) -> None:
-    """A kernel_status message: apply it at once."""
-    _apply_report(agent_id=agent_id, kernel_id=str(report.get("kernel_id")), report=report)
-
-
-def _uuid_or_none(value: str) -> Any:
-    import uuid
-
-    try:
-        return uuid.UUID(value)
-    except (ValueError, TypeError):
-        return None
-
-
-def agent_disconnected(*, agent_id: str) -> None:
-    Agent.objects.filter(pk=agent_id, status=AgentStatus.ALIVE).update(
-        status_reason="disconnected; waiting"
-    )
-
-
-def sweep_lost_agents(*, now: datetime | None = None) -> list[str]:
-    """Agents silent past the timeout become LOST; their kernels end with that
-    reason (their sessions too) and their slots are freed. Safe to run twice."""
-    now = now or timezone.now()
-    timeout = timedelta(seconds=settings.BAI_AGENT_LOST_TIMEOUT)
-    lost: list[str] = []
-    candidates = Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat_at__lt=now - timeout)
-    for agent_id, group_id, last in candidates.values_list(
-        "pk", "resource_group_id", "last_heartbeat_at"
-    ):
-        with transaction.atomic():
-            lock_group(group_id)
-            silent = int((now - last).total_seconds())
-            reason = f"agent {agent_id} lost: no heartbeat for {silent} s"
-            moved = Agent.objects.filter(
-                pk=agent_id, status=AgentStatus.ALIVE, last_heartbeat_at__lt=now - timeout
-            ).update(status=AgentStatus.LOST, status_reason=reason, lost_at=now, occupied_slots={})
-            if not moved:
-                continue
-            lost.append(agent_id)
-            logger.warning("%s", reason)
-            for kernel in Kernel.objects.filter(agent_id=agent_id, status__in=OCCUPYING):
-                session_services.kernel_apply_report(
-                    kernel=kernel, report={"status": protocol.KR_ERROR, "reason": reason}
-                )
-    return lost

@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from . import deadlines, selectors, services
 from .errors import ApplicationError, InvalidInput, NotFound
 from .models import Kernel, Session, SessionTemplate
+from .specs import LAUNCH_SCHEMA, openapi_schema
 from .templates import export_template_document, parse_template_document
 
 MAX_LIST = 500
@@ -217,28 +218,6 @@ class SessionDetailSerializer(SessionOutputSerializer):
 
 
 class SessionListCreateApi(APIView):
-    class InputSerializer(serializers.Serializer):
-        class Meta:
-            ref_name = "SessionCreateInput"
-
-        """Shape only; the service checks meaning (and names the field)."""
-
-        name = serializers.CharField(required=False)
-        image = serializers.CharField(required=False)
-        type = serializers.CharField(required=False)
-        cluster_mode = serializers.CharField(required=False)
-        cluster_size = serializers.JSONField(required=False)
-        resources = serializers.JSONField(required=False)
-        resource_group = serializers.CharField(required=False)
-        mounts = serializers.JSONField(required=False)
-        env = serializers.JSONField(required=False)
-        startup_command = serializers.CharField(required=False, allow_blank=True)
-        depends_on = serializers.JSONField(required=False)
-        template = serializers.JSONField(required=False)
-        starts_at = serializers.CharField(required=False, allow_null=True)
-        batch_timeout = serializers.JSONField(required=False)
-        roles = serializers.JSONField(required=False)
-
     @extend_schema(
         parameters=[
             OpenApiParameter("all", bool, description="Admins: every user's sessions."),
@@ -254,10 +233,13 @@ class SessionListCreateApi(APIView):
         qs = qs.prefetch_related("mounts", "depends_on")
         return Response(SessionOutputSerializer(qs[:MAX_LIST], many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: SessionDetailSerializer})
+    @extend_schema(
+        request={"application/json": openapi_schema(LAUNCH_SCHEMA)},
+        responses={201: SessionDetailSerializer},
+    )
     def post(self, request: Request) -> Response:
-        _refuse_unknown_fields(request, self.InputSerializer)
-        session = services.session_create(owner=request.user, spec=dict(request.data))
+        # The shape is checked once, by the launch schema (launch.plan_launch).
+        session = services.session_create(owner=request.user, spec=request.data)
         session = selectors.get_session_for_user(user=request.user, session_id=session.pk)
         return Response(SessionDetailSerializer(session).data, status=status.HTTP_201_CREATED)
 

@@ -28,12 +28,12 @@ import time
 import uuid
 from typing import Any
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
 from agent import protocol
+from backendai_web.websockets import LoopDispatch
 
 from . import selectors, services
 from .errors import NotFound
@@ -55,7 +55,6 @@ TOUCH_INPUT_THROTTLE = 5.0
 # All the streams of a process share one write of their sessions' activity, at
 # most this often.
 TOUCH_FLUSH_GAP = 1.0
-LOG_TAIL_BYTES = 64 * 1024
 MAX_TERM_SIZE = 1000
 # A session that is ending has no shell to offer any more.
 ENDING = TERMINAL | {Status.TERMINATING}
@@ -76,25 +75,6 @@ def _db(func):  # type: ignore[no-untyped-def]
     from django.db import connection
 
     return database_sync_to_async(func, thread_sensitive=connection.vendor == "sqlite")
-
-
-class LoopDispatch:
-    """Dispatch without Channels' per-message ``aclose_old_connections()``.
-
-    Channels (4.2+) runs ``close_old_connections`` through the one thread-sensitive
-    executor before *every* handler: every keystroke, every output frame, every
-    agent command of every consumer in the process then waits its turn on that
-    single thread, behind whatever database call sits there (a session touch that
-    opens a connection takes ~10 ms). These consumers never use the ORM on the
-    event loop: their queries go through ``database_sync_to_async``, which closes
-    its connections itself, so the hop guards nothing here.
-    """
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
 
 class _Refusing:
@@ -306,15 +286,14 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
         )
         await self.channel_layer.group_send(
             self.agent_group,
-            {
-                "type": "agent.command",
-                "command": {
+            protocol.gw_agent_command(
+                {
                     "type": protocol.LOGS_FOLLOW,
                     "kernel_id": self.kernel_id,
                     "stream_id": self.stream_id,
-                    "tail": LOG_TAIL_BYTES,
-                },
-            },
+                    "tail": settings.BAI_LOG_TAIL_BYTES,
+                }
+            ),
         )
         self.start_touching(session, user)
         logger.info("logs of kernel %s followed by user %s", kernel.pk, user.pk)
@@ -348,10 +327,9 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
         if self.stream_id is not None:
             await self.channel_layer.group_send(
                 self.agent_group,
-                {
-                    "type": "agent.command",
-                    "command": {"type": protocol.LOGS_STOP, "stream_id": self.stream_id},
-                },
+                protocol.gw_agent_command(
+                    {"type": protocol.LOGS_STOP, "stream_id": self.stream_id}
+                ),
             )
             await self.channel_layer.group_discard(
                 protocol.log_stream_group(self.stream_id), self.channel_name
@@ -509,12 +487,12 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
         straight to the gateway's channel. Waiting for the answer to the last
         one keeps keystrokes in order across the switch.
         """
-        event = {"type": "agent.command", "command": command, "reply": self.channel_name}
         if self.gateway_channel is not None:
+            event = protocol.gw_agent_command(command, reply=self.channel_name)
             await self.channel_layer.send(self.gateway_channel, event)
         else:
             self._via_group += 1
-            event["ack"] = self._via_group
+            event = protocol.gw_agent_command(command, reply=self.channel_name, ack=self._via_group)
             await self.channel_layer.group_send(self.agent_group, event)
 
     async def term_route(self, event: dict[str, Any]) -> None:

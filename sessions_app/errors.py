@@ -35,6 +35,12 @@ class QuotaExceeded(ApplicationError):
     status_code = status.HTTP_403_FORBIDDEN
 
 
+class Forbidden(ApplicationError):
+    """Allowed to others (admins), not to this user."""
+
+    status_code = status.HTTP_403_FORBIDDEN
+
+
 class Conflict(ApplicationError):
     status_code = status.HTTP_409_CONFLICT
 

@@ -1,4 +1,4 @@
-"""Live pushes to browsers and agents over the channel layer.
+"""Live pushes to browsers and agents over the channel layer (the service layer's).
 
 Pushes happen after commit only (never for a rolled-back change) and are
 batched per transaction: every status change of a transaction becomes one
@@ -83,6 +83,45 @@ def session_changed(
     batch.by_owner[owner_id][(session_id, kernel)] = item
 
 
+def status_changed(obj: Any) -> None:
+    """Queue the push of a session's or a kernel's new status (after commit).
+
+    Services call it after a transition they won; models push nothing.
+    """
+    if hasattr(obj, "cluster_hostname"):  # a kernel: its session's owner follows it
+        session_changed(
+            owner_id=obj.session.owner_id,
+            session_id=str(obj.session_id),
+            status=obj.status,
+            reason=obj.status_reason,
+            kernel=obj.cluster_hostname,
+        )
+    else:
+        session_changed(
+            owner_id=obj.owner_id,
+            session_id=str(obj.pk),
+            status=obj.status,
+            reason=obj.status_reason,
+        )
+
+
+def kernels_changed(*, kernel_ids: list[Any], status: str, reason: str) -> None:
+    """The push of many kernels' one move (the scheduler's bulk path), in one query."""
+    from .models import Kernel
+
+    rows = Kernel.objects.filter(pk__in=kernel_ids).values_list(
+        "session_id", "session__owner_id", "cluster_hostname"
+    )
+    for session_id, owner_id, hostname in rows:
+        session_changed(
+            owner_id=owner_id,
+            session_id=str(session_id),
+            status=status,
+            reason=reason,
+            kernel=hostname,
+        )
+
+
 def group_send(group: str, message: dict[str, Any]) -> None:
     """Send now, from sync code. A dead channel layer is logged, not raised:
     the database already holds the truth, and heartbeats and page loads catch up."""
@@ -114,13 +153,3 @@ def group_send_many(messages: list[tuple[str, dict[str, Any]]]) -> None:
         _run(send_all())
     except Exception:  # noqa: BLE001 - best effort, as group_send
         logger.warning("pushes failed", exc_info=True)
-
-
-def send_to_agent_after_commit(agent_id: str, message: dict[str, Any]) -> None:
-    """Fast path of a command to an agent; the heartbeat path re-sends it if lost."""
-    transaction.on_commit(
-        lambda: group_send(
-            protocol.agent_group(agent_id), {"type": "agent.command", "command": message}
-        ),
-        robust=True,
-    )

@@ -2,7 +2,9 @@
 
 Status fields are changed only by the ``mark_*`` transition methods, which
 check the transition table, set every dependent field together, persist with a
-compare-and-swap (exactly one row updated) and append a SessionEvent.
+compare-and-swap (exactly one row updated) and append a SessionEvent. Models
+push nothing: the services that move a status queue the live push after commit
+(``live.status_changed``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
-
-from . import live
 
 logger = logging.getLogger(__name__)
 
@@ -355,6 +355,12 @@ def _transition_values(dst: str, reason: str, now: Any, fields: dict[str, Any]) 
     return values
 
 
+def _alters_data(method: Any) -> Any:
+    """Templates never call it (Django's ``alters_data``)."""
+    method.alters_data = True
+    return method
+
+
 class _Transitions(models.Model):
     """Compare-and-swap status transitions shared by sessions and kernels."""
 
@@ -371,6 +377,7 @@ class _Transitions(models.Model):
     class Meta:
         abstract = True
 
+    @_alters_data
     def transition(self, dst: str, reason: str, *, now: Any = None, **fields: Any) -> bool:
         """Move to ``dst`` if the table allows it and nobody moved first.
 
@@ -389,17 +396,41 @@ class _Transitions(models.Model):
         with transaction.atomic():
             won = type(self).objects.filter(pk=self.pk, status=src).update(**values) == 1
             if won:
-                self._record_event(src, dst, reason, now)
+                type(self)._record_events([self.event_key], src, dst, reason, now)
         if won:
             for key, value in values.items():
                 setattr(self, key, value)
             logger.info("%s %s: %s → %s (%s)", self._meta.model_name, self.pk, src, dst, reason)
         return won
 
-    def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
+    @classmethod
+    def _record_events(
+        cls, keys: list[tuple[Any, Any]], src: str, dst: str, reason: str, now: Any
+    ) -> None:
+        """The one writer of event rows, for sessions and kernels, one or many."""
+        SessionEvent.objects.bulk_create(
+            SessionEvent(
+                session_id=session_id,
+                kernel_id=kernel_id,
+                from_status=src,
+                to_status=dst,
+                reason=reason,
+                created_at=now,
+            )
+            for session_id, kernel_id in keys
+        )
+
+    @property
+    def event_key(self) -> tuple[Any, Any]:
+        """(session id, kernel id or None): whose history an event of this row joins."""
         raise NotImplementedError
 
     @classmethod
+    def _event_keys(cls, ids: list[Any]) -> list[tuple[Any, Any]]:
+        raise NotImplementedError
+
+    @classmethod
+    @_alters_data
     def bulk_transition(
         cls, ids: list[Any], src: str, dst: str, reason: str, *, now: Any = None, **fields: Any
     ) -> int:
@@ -420,36 +451,40 @@ class _Transitions(models.Model):
                 raise RuntimeError(
                     f"bulk {src} → {dst}: {moved} of {len(ids)} rows moved; rows were not locked"
                 )
-            cls._bulk_record_events(ids, src, dst, reason, now)
+            cls._record_events(cls._event_keys(ids), src, dst, reason, now)
         logger.info("%d %s(s): %s → %s (%s)", moved, cls._meta.model_name, src, dst, reason)
         return moved
 
-    @classmethod
-    def _bulk_record_events(cls, ids: list[Any], src: str, dst: str, reason: str, now: Any) -> None:
-        raise NotImplementedError
-
     # One method per target status, so call sites read as what they do.
+    @_alters_data
     def mark_scheduled(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.SCHEDULED, reason, **fields)
 
+    @_alters_data
     def mark_preparing(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.PREPARING, reason, **fields)
 
+    @_alters_data
     def mark_pulling(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.PULLING, reason, **fields)
 
+    @_alters_data
     def mark_running(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.RUNNING, reason, **fields)
 
+    @_alters_data
     def mark_terminating(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.TERMINATING, reason, **fields)
 
+    @_alters_data
     def mark_terminated(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.TERMINATED, reason, **fields)
 
+    @_alters_data
     def mark_error(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.ERROR, reason, **fields)
 
+    @_alters_data
     def mark_cancelled(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.CANCELLED, reason, **fields)
 
@@ -517,25 +552,13 @@ class Session(_Transitions):
     def __str__(self) -> str:
         return f"{self.name} ({str(self.id)[:8]})"
 
-    def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
-        SessionEvent.objects.create(
-            session=self, from_status=src, to_status=dst, reason=reason, created_at=now
-        )
-        live.session_changed(
-            owner_id=self.owner_id, session_id=str(self.pk), status=dst, reason=reason
-        )
+    @property
+    def event_key(self) -> tuple[Any, Any]:
+        return (self.pk, None)
 
     @classmethod
-    def _bulk_record_events(cls, ids: list[Any], src: str, dst: str, reason: str, now: Any) -> None:
-        rows = list(cls.objects.filter(pk__in=ids).values_list("pk", "owner_id"))
-        SessionEvent.objects.bulk_create(
-            SessionEvent(
-                session_id=pk, from_status=src, to_status=dst, reason=reason, created_at=now
-            )
-            for pk, _ in rows
-        )
-        for pk, owner_id in rows:
-            live.session_changed(owner_id=owner_id, session_id=str(pk), status=dst, reason=reason)
+    def _event_keys(cls, ids: list[Any]) -> list[tuple[Any, Any]]:
+        return [(pk, None) for pk in ids]
 
     def main_kernel(self) -> Kernel:
         return self.kernels.get(cluster_role="main")
@@ -605,53 +628,16 @@ class Kernel(_Transitions):
     def __str__(self) -> str:
         return f"{self.cluster_hostname} of {self.session_id}"
 
-    @classmethod
-    def _bulk_record_events(cls, ids: list[Any], src: str, dst: str, reason: str, now: Any) -> None:
-        rows = list(
-            cls.objects.filter(pk__in=ids).values_list(
-                "pk", "session_id", "session__owner_id", "cluster_hostname"
-            )
-        )
-        SessionEvent.objects.bulk_create(
-            SessionEvent(
-                session_id=session_id,
-                kernel_id=pk,
-                from_status=src,
-                to_status=dst,
-                reason=reason,
-                created_at=now,
-            )
-            for pk, session_id, _, _ in rows
-        )
-        for _, session_id, owner_id, hostname in rows:
-            live.session_changed(
-                owner_id=owner_id,
-                session_id=str(session_id),
-                status=dst,
-                reason=reason,
-                kernel=hostname,
-            )
+    @property
+    def event_key(self) -> tuple[Any, Any]:
+        return (self.session_id, self.pk)
 
-    def _record_event(self, src: str, dst: str, reason: str, now: Any) -> None:
-        SessionEvent.objects.create(
-            session_id=self.session_id,
-            kernel=self,
-            from_status=src,
-            to_status=dst,
-            reason=reason,
-            created_at=now,
-        )
-        owner_id = (
-            Session.objects.filter(pk=self.session_id).values_list("owner_id", flat=True).first()
-        )
-        if owner_id is not None:
-            live.session_changed(
-                owner_id=owner_id,
-                session_id=str(self.session_id),
-                status=dst,
-                reason=reason,
-                kernel=self.cluster_hostname,
-            )
+    @classmethod
+    def _event_keys(cls, ids: list[Any]) -> list[tuple[Any, Any]]:
+        return [
+            (session_id, pk)
+            for pk, session_id in cls.objects.filter(pk__in=ids).values_list("pk", "session_id")
+        ]
 
 
 class SessionEvent(models.Model):

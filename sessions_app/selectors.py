@@ -37,7 +37,7 @@ def sessions_for_user(*, user: AbstractBaseUser, include_all: bool = False) -> Q
     return qs.filter(owner=user)
 
 
-def _as_uuid(value: object) -> uuid.UUID | None:
+def as_uuid(value: object) -> uuid.UUID | None:
     try:
         return uuid.UUID(str(value))
     except (ValueError, TypeError, AttributeError):
@@ -46,7 +46,7 @@ def _as_uuid(value: object) -> uuid.UUID | None:
 
 def get_session_for_user(*, user: AbstractBaseUser, session_id: object) -> Session:
     """The one ownership check: another user's session is simply not found."""
-    pk = _as_uuid(session_id)
+    pk = as_uuid(session_id)
     qs = Session.objects.select_related("image", "resource_group", "owner")
     if not user.is_staff:
         qs = qs.filter(owner=user)
@@ -60,7 +60,7 @@ def get_kernel_for_user(*, user: AbstractBaseUser, session_id: object, kernel_re
     """A kernel by id or by hostname (``main1``, ``sub2``) within a visible session."""
     session = get_session_for_user(user=user, session_id=session_id)
     lookup = Q(cluster_hostname=kernel_ref)
-    pk = _as_uuid(kernel_ref)
+    pk = as_uuid(kernel_ref)
     if pk is not None:
         lookup |= Q(pk=pk)
     kernel = Kernel.objects.filter(lookup, session=session).select_related("agent").first()

@@ -24,35 +24,127 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-# Field name -> JSON schema. Unknown fields are refused with their name.
+import jsonschema
+
+# Field name -> JSON schema. Unknown fields are refused with their name. Every
+# string, number, list and mapping is bounded here, where a spec enters (the
+# API, template import), so nothing unbounded reaches the database or a pass.
+# ``x-errors`` words a failed check for users: validator -> message, formatted
+# with ``value`` (the bad value) and ``key`` (its name inside a mapping).
+NO_NUL = "^[^\\x00]*$"
+MAX_CLUSTER_SIZE = 256
+MAX_BATCH_TIMEOUT = 366 * 86400  # seconds
+MAX_ENV_VARS = 128
+MAX_ENV_VALUE = 8192
+MAX_LIST = 64
+
+
+def _text(max_length: int, **extra: Any) -> dict[str, Any]:
+    words = {
+        "maxLength": f"at most {max_length} characters",
+        "pattern": "must not contain a NUL character",
+    }
+    return {
+        "type": "string",
+        "maxLength": max_length,
+        "pattern": NO_NUL,
+        "x-errors": words,
+        **extra,
+    }
+
+
+_SLOT_VALUE = {
+    "type": ["string", "number"],
+    "maxLength": 64,
+    "x-errors": {"type": "{key}: {value!r} is not a number"},
+}
 _SLOTS = {
     "type": "object",
-    "additionalProperties": {"type": ["string", "number"]},
+    "maxProperties": 32,
+    "propertyNames": {"maxLength": 64},
+    "additionalProperties": _SLOT_VALUE,
+    "x-errors": {"type": 'must be an object like {{"cpu": 1, "mem": "1g"}}'},
 }
 _ROLE = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "image": {"type": "string", "minLength": 1},
+        "image": _text(255, minLength=1),
         "resources": _SLOTS,
-        "replicas": {"type": "integer", "minimum": 0},
+        "replicas": {"type": "integer", "minimum": 0, "maximum": MAX_CLUSTER_SIZE - 1},
     },
 }
 ROLE_PROPERTIES: dict[str, Any] = _ROLE["properties"]
 SPEC_PROPERTIES: dict[str, Any] = {
-    "name": {"type": "string"},
-    "image": {"type": "string", "minLength": 1},
+    "name": {
+        **_text(64),
+        "x-errors": {
+            "type": "use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            "maxLength": "use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            "pattern": "use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        },
+    },
+    "image": _text(255, minLength=1),
     "type": {"enum": ["interactive", "batch", "inference", "system"]},
     "cluster_mode": {"enum": ["single-node", "multi-node"]},
-    "cluster_size": {"type": "integer"},
+    "cluster_size": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": MAX_CLUSTER_SIZE,
+        "x-errors": {
+            "type": "{value!r} is not a whole number",
+            "minimum": "must be at least 1 (got {value})",
+            "maximum": f"at most {MAX_CLUSTER_SIZE} containers (got {{value}})",
+        },
+    },
     "resources": _SLOTS,
-    "resource_group": {"type": "string"},
-    "mounts": {"type": "array", "items": {"type": "string"}},
-    "env": {"type": "object", "additionalProperties": {"type": "string"}},
-    "startup_command": {"type": "string"},
-    "depends_on": {"type": "array", "items": {"type": "string"}},
-    "starts_at": {"type": ["string", "null"]},
-    "batch_timeout": {"type": ["number", "null"], "minimum": 0},
+    "resource_group": _text(64),
+    "mounts": {
+        "type": "array",
+        "maxItems": MAX_LIST,
+        "items": {
+            **_text(64),
+            "x-errors": {
+                "type": "{value!r} is not a folder name (a path outside your folders is never mounted)"
+            },
+        },
+        "x-errors": {"type": "must be a list of folder names"},
+    },
+    "env": {
+        "type": "object",
+        "maxProperties": MAX_ENV_VARS,
+        "propertyNames": {"maxLength": 256},
+        "additionalProperties": {
+            **_text(MAX_ENV_VALUE),
+            "x-errors": {
+                "type": "{key}: the value must be a string",
+                "maxLength": f"{{key}}: the value is longer than {MAX_ENV_VALUE} characters",
+                "pattern": "{key}: the value holds a NUL character",
+            },
+        },
+        "x-errors": {
+            "type": "must be an object of NAME: value",
+            "maxProperties": f"at most {MAX_ENV_VARS} variables",
+        },
+    },
+    "startup_command": _text(65536),
+    "depends_on": {
+        "type": "array",
+        "maxItems": MAX_LIST,
+        "items": _text(64),
+        "x-errors": {"type": "must be a list of session ids"},
+    },
+    "starts_at": {"type": ["string", "null"], "maxLength": 64},
+    "batch_timeout": {
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "maximum": MAX_BATCH_TIMEOUT,
+        "x-errors": {
+            "type": "must be a positive number of seconds",
+            "exclusiveMinimum": "must be a positive number of seconds",
+            "maximum": f"must be at most {MAX_BATCH_TIMEOUT} seconds (366 days)",
+        },
+    },
     "roles": {
         "type": "object",
         "additionalProperties": False,
@@ -64,6 +156,51 @@ SPEC_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": SPEC_PROPERTIES,
 }
+# A launch: a spec, plus the template it starts from and (admins only) the
+# agents it is pinned to.
+LAUNCH_PROPERTIES: dict[str, Any] = {
+    **SPEC_PROPERTIES,
+    "template": {"type": ["string", "integer"], "maxLength": 32, "minimum": 1},
+    "agents": {
+        "type": "array",
+        "maxItems": MAX_LIST,
+        "items": _text(64, minLength=1),
+        "x-errors": {"type": "must be a list of agent ids"},
+    },
+}
+LAUNCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": LAUNCH_PROPERTIES,
+}
+
+
+def error_message(error: jsonschema.ValidationError) -> str:
+    """A failed schema check in users' words (``x-errors``), else the validator's."""
+    template = (error.schema.get("x-errors") or {}).get(error.validator)
+    if template is None:
+        return str(error.message)
+    key = error.absolute_path[-1] if error.absolute_path else ""
+    return str(template).format(value=error.instance, key=key)
+
+
+def spec_errors(spec: Any, schema: dict[str, Any] = LAUNCH_SCHEMA) -> dict[str, list[str]]:
+    """The shape errors of a launch spec, keyed by the field a user knows:
+    the top-level field (``resources``, ``env``), or under ``roles`` the role's
+    field (``roles.sub.replicas``); an unknown field by its own name."""
+    errors: dict[str, list[str]] = {}
+    validator = jsonschema.Draft202012Validator(schema)
+    for error in sorted(validator.iter_errors(spec), key=lambda e: [str(p) for p in e.path]):
+        path = [str(p) for p in error.absolute_path]
+        if error.validator == "additionalProperties" and not path:
+            for name in sorted(set(spec) - set(schema["properties"])):
+                errors.setdefault(name, []).append("unknown field")
+            continue
+        field = ".".join(path[:3]) if path[:1] == ["roles"] else (path[0] if path else "spec")
+        errors.setdefault(field, []).append(error_message(error))
+    return errors
+
+
 MERGED_MAPPINGS = ("resources", "env")
 
 
@@ -91,3 +228,28 @@ def merge_spec(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def openapi_schema(schema: Any) -> Any:
+    """The same schema for OpenAPI 3.0 (the API's documentation): a list of types
+    becomes ``oneOf`` (or ``nullable``), and the users' words stay as ``x-errors``."""
+    if isinstance(schema, list):
+        return [openapi_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: openapi_schema(value) for key, value in schema.items()}
+    types = out.get("type")
+    if isinstance(types, list):
+        kinds = [t for t in types if t != "null"]
+        if "null" in types:
+            out["nullable"] = True
+        if len(kinds) == 1:
+            out["type"] = kinds[0]
+        else:
+            del out["type"]
+            out["oneOf"] = [{"type": kind} for kind in kinds]
+    if "exclusiveMinimum" in out and not isinstance(out["exclusiveMinimum"], bool):
+        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
+    if "propertyNames" in out:  # not in OpenAPI 3.0; enforced by the API all the same
+        del out["propertyNames"]
+    return out

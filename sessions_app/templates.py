@@ -22,7 +22,7 @@ import jsonschema
 import yaml
 
 from .errors import InvalidInput
-from .specs import ROLE_PROPERTIES, SPEC_PROPERTIES, SPEC_SCHEMA
+from .specs import ROLE_PROPERTIES, SPEC_PROPERTIES, SPEC_SCHEMA, error_message
 
 DOCUMENT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -62,7 +62,7 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
         missing = str(error.message).split("'")[1] if "'" in error.message else ""
         name = f"{path}.{missing}" if path and missing else (missing or path or "document")
         return name, "is required"
-    return path or "document", error.message
+    return path or "document", error_message(error)
 
 
 def validate_template_spec(spec: Any) -> dict[str, Any]:

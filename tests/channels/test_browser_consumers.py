@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from agent import protocol
 from backendai_web.asgi import application
+from scheduler_app import reconcile
 from sessions_app import consumers, services
 from sessions_app.models import Kernel, Session, Status
 
@@ -94,7 +95,7 @@ def _running_session(owner, image, size: int = 2) -> Session:
         spec={"image": image.reference, "cluster_size": size, "cluster_mode": "multi-node"},
     )
     for kernel in Kernel.objects.filter(session=session):
-        services.kernel_apply_report(
+        reconcile.kernel_apply_report(
             kernel=kernel,
             report={"status": protocol.KR_RUNNING, "container_id": f"c-{kernel.cluster_hostname}"},
         )
@@ -487,10 +488,12 @@ async def test_the_same_kernel_may_be_addressed_by_its_id(running, alice, fake_a
 
 async def test_an_ended_kernel_sends_its_kept_tail_and_says_it_ended(running, alice):
     sub1 = await sync_to_async(Kernel.objects.get)(session=running, cluster_hostname="sub1")
-    await sync_to_async(services.kernel_apply_report)(
+    await sync_to_async(reconcile.kernel_apply_report)(
         kernel=sub1, report={"status": protocol.KR_EXITED, "exit_code": 0}
     )
-    await sync_to_async(services.kernel_store_log_tail)(kernel_id=str(sub1.pk), data="bye\n")
+    await sync_to_async(reconcile.kernel_store_log_tail)(
+        agent_id=sub1.agent_id, kernel_id=str(sub1.pk), data="bye\n"
+    )
     comm = await browser(_logs_path(running, "sub1"), alice)
     assert (await comm.connect())[0]
     state = await comm.receive_json_from(timeout=5)

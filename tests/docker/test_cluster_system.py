@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from scheduler_app.services import sweep_lost_agents
+from scheduler_app.reconcile import sweep_lost_agents
 from sessions_app.models import Agent, AgentStatus, DataFolder, Image, Kernel, Session, Status
 from tests.conftest import skip_or_fail
 from tests.live import wait_for

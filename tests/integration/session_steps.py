@@ -1,6 +1,6 @@
 """Steps that move a session through its life the way production does:
 ``session_create`` as the API calls it, a scheduling pass, and kernel reports
-as the agent gateway applies them (``scheduler_app.services.agent_kernel_report``).
+as the agent gateway applies them (``scheduler_app.reconcile.agent_kernel_report``).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent import protocol
+from scheduler_app import reconcile
 from scheduler_app import services as scheduler
 from sessions_app import services
 from sessions_app.models import Kernel, Session, Status
@@ -29,7 +30,7 @@ def place(session: Session) -> Session:
 def report(kernel: Kernel, status: str, **extra: Any) -> None:
     """A kernel_status message from the kernel's agent, applied as the gateway does."""
     kernel.refresh_from_db()
-    scheduler.agent_kernel_report(
+    reconcile.agent_kernel_report(
         agent_id=kernel.agent_id, report={"kernel_id": str(kernel.pk), "status": status, **extra}
     )
 

@@ -12,7 +12,7 @@ import pytest
 from session_steps import destroyed, exit_main, launch, report, run
 
 from agent import protocol
-from sessions_app import services
+from scheduler_app import reconcile
 from sessions_app.models import Result, Status
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +33,7 @@ def job(alice, image, agent):
 
 
 def test_only_main1_is_given_the_start_command(job):
-    command = services.create_kernels_command(session=job, kernels=list(job.kernels.all()))
+    command = reconcile.create_kernels_command(session=job, kernels=list(job.kernels.all()))
     commands = {k["hostname"]: k["startup_command"] for k in command["kernels"]}
     assert commands == {"main1": "python train.py", "sub1": None, "sub2": None}
     assert {k["env"]["BACKENDAI_SESSION_TYPE"] for k in command["kernels"]} == {"batch"}
@@ -85,7 +85,9 @@ def test_a_single_kernel_job_goes_straight_to_terminated(alice, image, agent):
 
 def test_the_logs_are_kept_after_the_session_ended(job, api, alice):
     main = job.main_kernel()
-    services.kernel_store_log_tail(kernel_id=str(main.pk), data="epoch 1\nepoch 2\ndone\n")
+    reconcile.kernel_store_log_tail(
+        agent_id=main.agent_id, kernel_id=str(main.pk), data="epoch 1\nepoch 2\ndone\n"
+    )
     exit_main(job, 0)
     destroyed(job)
 

@@ -53,7 +53,7 @@ def test_a_pipeline_runs_in_order(pipeline):
     b, c = fresh(b, c)
     assert a.status == Status.SCHEDULED
     assert (b.status, c.status) == (Status.PENDING, Status.PENDING)
-    assert b.status_reason == f"waiting for dependencies: {str(a.pk)[:8]}"
+    assert b.status_reason == "waiting for dependencies: A"
 
     run(a)
     exit_main(a, 0)
@@ -190,7 +190,7 @@ def test_the_scheduling_pass_is_the_backstop(pipeline):
     )
     place(b)
     assert b.status == Status.CANCELLED
-    assert b.status_reason == f"dependency {str(a.pk)[:8]} ended FAILED"
+    assert b.status_reason == "dependency A ended FAILED (exit code 1)"
     place(c)
     assert c.status == Status.CANCELLED
 

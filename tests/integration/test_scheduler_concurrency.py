@@ -24,8 +24,8 @@ from django.db import connection
 from django.utils import timezone
 
 from agent import protocol
+from scheduler_app import reconcile, tasks
 from scheduler_app import services as scheduler
-from scheduler_app import tasks
 from sessions_app.models import (
     OCCUPYING,
     Agent,
@@ -232,7 +232,7 @@ def finish(sessions):
     """The agents report every kernel of ``sessions`` exited: their slots are free again."""
     for session in sessions:
         for kernel in session.kernels.all():
-            scheduler.agent_kernel_report(
+            reconcile.agent_kernel_report(
                 agent_id=kernel.agent_id,
                 report={"kernel_id": str(kernel.pk), "status": protocol.KR_EXITED, "exit_code": 0},
             )

@@ -24,7 +24,7 @@ from django.utils import timezone
 from session_steps import launch, place, run
 
 from agent import protocol
-from scheduler_app import policy
+from scheduler_app import policy, reconcile
 from scheduler_app import services as scheduler
 from sessions_app import services
 from sessions_app.models import (
@@ -181,7 +181,7 @@ def test_switching_a_group_from_fifo_to_drf_in_admin_changes_who_goes_next(
     admin_edit_group(client, admin, group, session_selection="drf")
     services.session_terminate(session=a_next, reason="done")
     for kernel in a_next.kernels.all():
-        scheduler.agent_kernel_report(
+        reconcile.agent_kernel_report(
             agent_id=kernel.agent_id,
             report={"kernel_id": str(kernel.pk), "status": protocol.KR_GONE},
         )
@@ -379,7 +379,7 @@ def test_an_agent_joining_runs_a_pass_that_places_the_waiting_sessions(
         assert session.status_reason == "no agent alive and schedulable in resource group default"
 
     with django_capture_on_commit_callbacks(execute=True):
-        scheduler.agent_register(agent=newcomer, info={"slots": {"cpu": "8", "mem": str(16 * GIB)}})
+        reconcile.agent_register(agent=newcomer, info={"slots": {"cpu": "8", "mem": str(16 * GIB)}})
 
     for session in waiting:
         session.refresh_from_db()

@@ -402,9 +402,8 @@ def test_it_refuses_a_session_over_the_total_slot_quota(launch, image, alice, no
         ),
         403,
         "resources",
-        "total cpu is limited to 4 cpu",
-        "needs 6 cpu",
-        "2 cpu over",
+        "total cpu would be 6 of 4 allowed",
+        "(2 over)",
     )
     assert message.startswith("quota")
 

@@ -202,4 +202,4 @@ def test_a_json_import_error_names_the_line(as_alice):
     )
     assert response.status_code == 400
     (message,) = response.json()["extra"]["fields"]["spec.cluster_size"]
-    assert message.startswith("line 5: '3' is not of type 'integer'")
+    assert message.startswith("line 5: '3' is not a whole number")

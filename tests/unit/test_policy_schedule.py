@@ -201,7 +201,8 @@ def test_a_session_larger_than_any_agent_does_not_block_the_queue() -> None:
     decisions = schedule(snapshot(pending, [agent("a1", 8)]))
     assert placed(decisions) == ["next"]
     assert wait_of(decisions, "huge").reason == (
-        "needs 64 cpu per container; the largest agent in resource group default has 8"
+        "needs 64 cpu per container; no agent in resource group default has that much "
+        "(the largest agent has 8 cpu)"
     )
 
 
@@ -393,7 +394,8 @@ def test_a_multi_node_cpu_session_spreads_over_cpu_agents_before_taking_a_gpu_ag
 def test_a_gpu_session_waits_with_the_reason_when_the_group_has_no_gpu() -> None:
     decisions = schedule(snapshot([session("s", gpu=1)], [agent("cpu1", 4)]))
     assert wait_of(decisions, "s").reason == (
-        "needs 1 cuda.device per container; no agent in resource group default has cuda.device"
+        "needs 1 cuda.device per container; no agent in resource group default has that much "
+        "(the largest agent has 0 cuda.device)"
     )
 
 
@@ -428,19 +430,21 @@ DEPENDENCIES = {
         ),
         (
             session("s", depends_on=("running-02", "failed-004")),
-            Cancellation("s", "dependency failed-0 ended FAILED"),
+            Cancellation(
+                "s", "dependency failed-0 ended FAILED; dependency running- had not finished"
+            ),
         ),
         (
             session("s", depends_on=("error-0005",)),
-            Cancellation("s", "dependency error-00 ended ERROR"),
+            Cancellation("s", "dependency error-00 ended ERROR without success"),
         ),
         (
             session("s", depends_on=("cancel-006",)),
-            Cancellation("s", "dependency cancel-0 ended CANCELLED"),
+            Cancellation("s", "dependency cancel-0 cancelled"),
         ),
         (
             session("s", depends_on=("nores-0007",)),
-            Cancellation("s", "dependency nores-00 ended without success (result UNDEFINED)"),
+            Cancellation("s", "dependency nores-00 ended TERMINATED without success"),
         ),
         (
             session("s", depends_on=("ghost-0008",)),
@@ -454,7 +458,7 @@ DEPENDENCIES = {
         (session("s", minute=-29), None),
         (
             session("s", size=5, mode="multi-node"),
-            Wait("s", "quota: cluster of 5 containers; at most 4 allowed per session", False),
+            Wait("s", "quota: at most 4 containers per session; this one has 5 (1 over)", False),
         ),
         (
             session("s", owner="busy"),
@@ -585,7 +589,8 @@ def test_system_sessions_are_exempt_from_normal_quotas_but_have_their_own_limit(
         (
             session("s", cpu=4, size=3),
             [agent("a1", 8)],
-            "single-node cluster of 3 needs 12 cpu on one agent; the largest agent in resource group default has 8",
+            "single-node cluster of 3 needs 12 cpu on one agent; no agent in resource group default "
+            "has that much (the largest agent has 8 cpu)",
         ),
     ],
 )

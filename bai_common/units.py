@@ -85,7 +85,7 @@ _DURATION_PART = re.compile(r"([0-9]{1,12})(?:\.([0-9]{1,6}))?\s*([a-z]*)\s*", r
 _MICROSECONDS = 10**6
 _MAX_DURATION_SECONDS = MAX_DURATION.days * _DAY + MAX_DURATION.seconds
 
-# Wide enough for every bounded number here to be exact (at most 20 + 20 digits times 2**60).
+# Wide enough for every bounded number here to be exact (at most 20 + 20 digits times 2**50).
 _WIDE = Context(prec=100)
 # Beyond this exponent a plain decimal would be a wall of zeros: show scientific notation instead.
 _PLAIN_EXPONENT = 60

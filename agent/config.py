@@ -10,12 +10,13 @@ import hashlib
 import logging
 import math
 import os
-import re
 import socket
 import subprocess
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+
+from bai_common.units import parse_size
 
 from . import protocol
 
@@ -23,17 +24,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TERM_GRACE = 120.0
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 
-
-def parse_size(text: str) -> int:
-    """``"4g"`` → 4294967296; plain digits are bytes; units are binary (k, m, g, t, p)."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (use bytes or a number with k/m/g/t)")
-    number, unit = match.groups()
-    return int(Decimal(number) * _SIZE_UNITS[unit.lower()])
+def _size_option(text: str) -> int:
+    """``--mem 4g``: the units' rule, with its message on the command line."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_label(text: str) -> tuple[str, str]:
@@ -87,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("docker", "process", "auto"), default="auto")
     p.add_argument("--resource-group", default=None)
     p.add_argument("--cpu", type=Decimal, default=None, help="override the CPU core count")
-    p.add_argument("--mem", type=parse_size, default=None, help="override memory: bytes or 4g")
+    p.add_argument("--mem", type=_size_option, default=None, help="override memory: bytes or 4g")
     p.add_argument("--gpus", type=int, default=None, help="override the cuda.device count")
     p.add_argument("--work-dir", type=Path, default=Path("var/agent"))
     p.add_argument(

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import docker  # noqa: E402
 
-from agent import images  # noqa: E402
+from sessions_app import kernel_images as images  # noqa: E402
 
 
 def _timed_import(client: docker.DockerClient, src: str | bytes, ref: str) -> float:
@@ -60,7 +60,7 @@ def main() -> None:
             f"python (cached tarball {tarball.stat().st_size / 1e6:.0f} MB): import {imp_s:.1f} s"
         )
     else:
-        print(f"python: no cached tarball at {tarball}; run `python -m agent.images` first")
+        print(f"python: no cached tarball at {tarball}; run `manage.py build_kernel_images` first")
 
     t0 = time.monotonic()
     images.build_python(client=client)  # engine hit when the image is current

@@ -58,6 +58,13 @@ from fractions import Fraction
 from functools import partial
 from itertools import chain
 
+from bai_common.units import (
+    MAX_AMOUNT_DIGITS,
+    MAX_AMOUNT_PLACES,
+    format_amount,
+    format_duration,
+    format_slot,
+)
 from sessions_app.policy import (
     DependencyState,
     capacity_refusal,
@@ -100,9 +107,6 @@ _EXACT = Context(prec=80, traps=[Inexact, InvalidOperation, Overflow, DivisionBy
 # Ratios (dominant shares) are reported, not accumulated, so rounding them is fine.
 _RATIO = Context(prec=28)
 _ZERO = Decimal(0)
-_MAX_DECIMAL_PLACES = 18
-# The dispatcher writes "unlimited" quota slots as 10**30; anything up to 10**40 is accepted.
-_MAX_INTEGER_DIGITS = 40
 _NON_ACCELERATOR_SLOTS = frozenset({"cpu", "mem"})
 
 
@@ -159,7 +163,7 @@ class ResourceSlots:
                 value = _EXACT.normalize(value)
                 exponent = value.as_tuple().exponent
                 assert isinstance(exponent, int)
-                if -exponent > _MAX_DECIMAL_PLACES or value.adjusted() >= _MAX_INTEGER_DIGITS:
+                if -exponent > MAX_AMOUNT_PLACES or value.adjusted() >= MAX_AMOUNT_DIGITS:
                     raise ValueError(f"slot {name}: {raw!r} is out of range")
             items.append((name, value))
         return cls._make(items)
@@ -395,33 +399,6 @@ class Decisions:
 
 # --- formatting -------------------------------------------------------------------------------
 
-_BINARY_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
-
-
-def _format_amount(slot: str, value: Decimal) -> str:
-    """A slot value for people: mem in binary units when that is exact to 2 places."""
-    if slot == "mem" and value > 0:
-        for unit, label in _BINARY_UNITS:
-            if value >= unit:
-                scaled = _RATIO.divide(value, Decimal(unit))
-                exact = _RATIO.multiply(scaled, Decimal(unit)) == value
-                if exact and scaled == scaled.quantize(Decimal("0.01")):
-                    return f"{_decimal_text(scaled)} {label}"
-        return f"{_decimal_text(value)} bytes"
-    return _decimal_text(value)
-
-
-def _format_duration(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds <= 0:
-        return f"{delta.total_seconds():g}s"
-    parts = []
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "m"), (1, "s")):
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return " ".join(parts)
-
 
 def _short(session_id: str) -> str:
     return session_id[:8]
@@ -554,10 +531,10 @@ class _Pass:
     # -- helpers --
 
     def amount(self, j: int, value: int) -> str:
-        return _format_amount(self.names[j], Decimal(value).scaleb(-self.places[j], _EXACT))
+        return format_amount(self.names[j], Decimal(value).scaleb(-self.places[j], _EXACT))
 
     def amount_with_slot(self, j: int, value: int) -> str:
-        return f"{self.amount(j, value)} {self.names[j]}"
+        return format_slot(self.names[j], Decimal(value).scaleb(-self.places[j], _EXACT))
 
     def describe(self, vector: _Vec) -> str:
         parts = [self.amount_with_slot(j, v) for j, v in enumerate(vector) if v > 0]
@@ -648,7 +625,7 @@ class _Pass:
             if now - since > group.pending_timeout:
                 return Cancellation(
                     sid,
-                    f"pending timeout: waited longer than {_format_duration(group.pending_timeout)}",
+                    f"pending timeout: waited longer than {format_duration(group.pending_timeout)}",
                 )
         return self.check_quota(session, request, quota)
 

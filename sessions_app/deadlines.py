@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from bai_common.units import format_duration
+
 # Statuses in which a session holds agents and may be ended by a deadline.
 STARTED = frozenset({"SCHEDULED", "PREPARING", "PULLING", "RUNNING"})
 
@@ -164,19 +166,6 @@ def overdue(
         )
     assert batch_timeout is not None
     return rule, f"batch timeout: ran longer than {format_duration(batch_timeout)}"
-
-
-def format_duration(delta: timedelta) -> str:
-    """``timedelta(minutes=2)`` → ``2 min``; ``timedelta(hours=1, minutes=30)`` → ``1 h 30 min``."""
-    seconds = int(delta.total_seconds())
-    if seconds <= 0:
-        return f"{delta.total_seconds():g} s"
-    parts = []
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count} {unit}")
-    return " ".join(parts)
 
 
 def owner_policy(*, owner_id: Any) -> Any:

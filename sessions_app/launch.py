@@ -20,12 +20,15 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+from bai_common.units import format_amount
 
 from . import policy as rules
 from . import selectors
@@ -435,7 +438,7 @@ def _check_quota(owner: AbstractBaseUser, policy: ResourcePolicy | None, plan: L
             held=Decimal(0),
             wanted=total.get(slot, Decimal(0)),
             allowed=limit,
-            amount=lambda value, slot=slot: slotlib.fmt(slot, value).removesuffix(f" {slot}"),
+            amount=partial(format_amount, slot),
         )
         if refusal is not None:
             bad("resources", refusal)

@@ -2,18 +2,18 @@
 
 Pure Python. Slots are a mapping of slot name to an exact Decimal; a missing
 slot counts as 0. ``mem`` accepts byte counts or sizes with a binary unit
-("512m", "4g", "1.5GiB"). The scheduler has its own fast value type for the
-hot path; this module is for validating and presenting.
+("512m", "4g", "1.5GiB"). The rules for reading and showing amounts live in
+``bai_common.units``; this module applies them slot by slot. The scheduler has
+its own fast value type for the hot path; this module is for validating and
+presenting.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+from bai_common import units
 
 
 class SlotError(ValueError):
@@ -24,24 +24,13 @@ class SlotError(ValueError):
 
 
 def parse_slot_value(slot: str, raw: object) -> Decimal:
-    if isinstance(raw, bool) or raw is None:
-        raise SlotError(slot, f"{raw!r} is not a number")
-    if slot == "mem" and isinstance(raw, str):
-        match = _SIZE.match(raw)
-        if not match:
-            raise SlotError(slot, f"{raw!r} is not a size (use bytes or e.g. 512m, 4g)")
-        value = Decimal(match.group(1)) * _UNITS[match.group(2).lower()]
-        value = value.to_integral_value()
-    else:
-        try:
-            value = Decimal(str(raw).strip())
-        except InvalidOperation:
-            raise SlotError(slot, f"{raw!r} is not a number") from None
-    if not value.is_finite():
-        raise SlotError(slot, f"{raw!r} is not a finite number")
-    if value < 0:
-        raise SlotError(slot, f"must not be negative (got {raw})")
-    return value
+    """One slot's amount: ``mem`` as a size (``units.parse_size``), others as an exact decimal."""
+    try:
+        if slot == "mem":
+            return Decimal(units.parse_size(raw))
+        return units.parse_amount(raw)
+    except ValueError as exc:
+        raise SlotError(slot, str(exc)) from None
 
 
 def parse_slots(raw: object, known: Iterable[str]) -> dict[str, Decimal]:
@@ -58,7 +47,7 @@ def parse_slots(raw: object, known: Iterable[str]) -> dict[str, Decimal]:
 
 
 def to_strings(slots: Mapping[str, Decimal]) -> dict[str, str]:
-    return {k: _normal(v) for k, v in slots.items() if v != 0}
+    return {k: units.format_decimal(v) for k, v in slots.items() if v != 0}
 
 
 def from_strings(slots: Mapping[str, object]) -> dict[str, Decimal]:
@@ -79,17 +68,5 @@ def shortfall(need: Mapping[str, Decimal], have: Mapping[str, Decimal]) -> dict[
 
 
 def fmt(slot: str, value: Decimal) -> str:
-    """Human form: ``4 cpu``, ``2 GiB mem``."""
-    if slot == "mem":
-        for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if value >= size:
-                return f"{_normal(value / size, places=2)} {unit} mem"
-        return f"{_normal(value)} B mem"
-    return f"{_normal(value)} {slot}"
-
-
-def _normal(value: Decimal, places: int | None = None) -> str:
-    if places is not None:
-        value = value.quantize(Decimal(1).scaleb(-places))
-    text = format(value.normalize(), "f")
-    return text
+    """Human form: ``4 cpu``, ``2 GiB mem`` (``units.format_slot``)."""
+    return units.format_slot(slot, value)

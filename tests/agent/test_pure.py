@@ -10,20 +10,13 @@ import pytest
 
 from agent.backends.base import render_env_file, render_ssh_environment, trim_tail
 from agent.backends.docker import RUNNER, Dechunker, Demuxer, network_driver, runner_environment
-from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem, parse_size
+from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("1024", 1024), ("4g", 4 * 2**30), ("4G", 4 * 2**30), ("512m", 512 * 2**20), ("1.5k", 1536)],
-)
-def test_sizes_parse_as_binary_units(text, expected):
-    assert parse_size(text) == expected
-
-
-def test_a_bad_size_is_refused():
-    with pytest.raises(ValueError):
-        parse_size("four gigs")
+def test_a_bad_memory_size_on_the_command_line_is_refused_with_the_reason(capsys):
+    with pytest.raises(SystemExit):
+        config_from_args(["--manager", "ws://127.0.0.1:8000", "--token", "T", "--mem", "four gigs"])
+    assert "'four gigs' is not a size" in capsys.readouterr().err
 
 
 def test_the_command_line_gives_a_config_with_overrides_and_labels():

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.asyncio]
 
 HOSTS = ("main1", "sub1", "sub2")
 IN_CI = os.environ.get("CI") == "true"
-PYTHON_IMAGE = "bai-kernel/python:1"  # built by agent/images.py: python3, sshd, ssh client
+PYTHON_IMAGE = "bai-kernel/python:1"  # manage.py build_kernel_images: python3, sshd, ssh
 
 
 class Frames:
@@ -345,8 +345,8 @@ async def test_ssh_to_a_sub_kernel_works_from_main1(backend, docker_client):
         docker_client.images.get(PYTHON_IMAGE)
     except ImageNotFound:
         if IN_CI:
-            pytest.fail(f"CI=true and image {PYTHON_IMAGE} is not built (agent/images.py)")
-        pytest.skip(f"image {PYTHON_IMAGE} is not built here (agent/images.py builds it)")
+            pytest.fail(f"CI=true and image {PYTHON_IMAGE} is not built (build_kernel_images)")
+        pytest.skip(f"image {PYTHON_IMAGE} is not built here (build_kernel_images builds it)")
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 

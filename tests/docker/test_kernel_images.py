@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent import images
+from sessions_app import kernel_images as images
 
 IN_CI = os.environ.get("CI") == "true"
 TEST_LABEL = "ai.backend.test"

@@ -262,7 +262,7 @@ def test_the_pending_timeout_of_a_resource_group_cancels_a_session_waiting_too_l
         tasks.schedule_all()
     waiting.refresh_from_db()
     assert waiting.status == Status.CANCELLED
-    assert waiting.status_reason == "pending timeout: waited longer than 5m"
+    assert waiting.status_reason == "pending timeout: waited longer than 5 min"
     assert not waiting.kernels.exclude(status=Status.CANCELLED).exists()
 
 

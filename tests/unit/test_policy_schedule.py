@@ -454,7 +454,10 @@ DEPENDENCIES = {
             session("s", starts_at=datetime(2025, 3, 1, 12, 30, tzinfo=UTC)),
             Wait("s", "starts at 2025-03-01T12:30:00+00:00", False),
         ),
-        (session("s", minute=-31), Cancellation("s", "pending timeout: waited longer than 1h 30m")),
+        (
+            session("s", minute=-31),
+            Cancellation("s", "pending timeout: waited longer than 1 h 30 min"),
+        ),
         (session("s", minute=-29), None),
         (
             session("s", size=5, mode="multi-node"),

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from sessions_app import kernel_images as images
 from sessions_app.models import Image
 
 IMAGE_INFO = {
@@ -41,11 +42,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            from agent import images
-        except ImportError as exc:  # pragma: no cover - the agent package ships with the project
-            raise CommandError(f"agent.images is not available: {exc}") from exc
-
         lines: list[str] = []
 
         def progress(message: str) -> None:

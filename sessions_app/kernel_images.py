@@ -12,7 +12,9 @@ Both images carry the label ``ai.backend.recipe=<hash>``; an image already in th
 same label is left alone. Root tarballs never carry xattrs (file capabilities break binaries such
 as ``ping`` under ``--cap-drop ALL``).
 
-Plain Python: this module imports no Django (the agent package must not). The ``docker`` SDK is
+Manager-side: ``manage.py build_kernel_images`` builds and registers these images; the agent never
+builds images, it only runs them. Plain Python all the same: this module imports no Django, so it
+also runs on its own (``python -m sessions_app.kernel_images [--force]``). The ``docker`` SDK is
 imported lazily, only when no client is passed in.
 
 Public API::
@@ -622,7 +624,7 @@ KERNEL_IMAGES: dict[str, Callable[..., BuiltImage]] = {
 }
 
 
-if __name__ == "__main__":  # python -m agent.images [--force]
+if __name__ == "__main__":  # python -m sessions_app.kernel_images [--force]
     import sys
 
     for built in build_all(lambda m: print(m, flush=True), force="--force" in sys.argv):

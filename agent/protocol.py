@@ -172,11 +172,6 @@ def log_stream_group(stream_id: str) -> str:
     return f"logs.{_safe(stream_id)}"
 
 
-def session_group(session_id: str) -> str:
-    """Group of one session's live status pushes (manager -> browser)."""
-    return f"session.{_safe(session_id)}"
-
-
 def user_group(user_id: int | str) -> str:
     """Group of one user's session-list pushes (manager -> browser)."""
     return f"user.{_safe(str(user_id))}"

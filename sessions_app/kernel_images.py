@@ -22,7 +22,6 @@ Public API::
     build_all(progress, cache_dir=None, force=False, client=None) -> list[BuiltImage]
     build_minimal(progress, cache_dir=None, force=False, client=None) -> BuiltImage
     build_python(progress, cache_dir=None, force=False, client=None) -> BuiltImage
-    image_present(client, reference) -> bool
     MINIMAL_IMAGE, PYTHON_IMAGE, RECIPE_LABEL, SSH_LABEL, ImageBuildError, BuiltImage
 """
 
@@ -146,11 +145,6 @@ def _image_or_none(client: Any, reference: str) -> Any:
         return client.images.get(reference)
     except docker.errors.ImageNotFound:
         return None
-
-
-def image_present(client: Any, reference: str) -> bool:
-    """True when ``reference`` names an image in the engine ``client`` talks to."""
-    return _image_or_none(client, reference) is not None
 
 
 def _present_with_recipe(client: Any, reference: str, recipe: str) -> Any:
@@ -281,8 +275,27 @@ def _locked(path: Path) -> Iterator[None]:
 # --------------------------------------------------------------------------- minimal image
 
 
-def minimal_rootfs_tar(busybox: str = BUSYBOX_PATH) -> bytes:
-    """The minimal image's root filesystem as an (uncompressed, reproducible) tar."""
+_MINIMAL_DIRS = {
+    "bin": 0o755,
+    "sbin": 0o755,
+    "usr": 0o755,
+    "usr/bin": 0o755,
+    "usr/sbin": 0o755,
+    "etc": 0o755,
+    "dev": 0o755,
+    "proc": 0o555,
+    "sys": 0o555,
+    "run": 0o755,
+    "var": 0o755,
+    "var/tmp": 0o1777,
+    "root": 0o700,
+    "home": 0o755,
+    "tmp": 0o1777,
+}
+
+
+def _busybox_applets(busybox: str) -> list[str]:
+    """The applet paths of a static busybox (refused if missing or dynamic)."""
     if not os.path.exists(busybox):
         raise ImageBuildError(
             f"minimal: {busybox} not found; install it with `apt-get install busybox-static`"
@@ -292,67 +305,59 @@ def minimal_rootfs_tar(busybox: str = BUSYBOX_PATH) -> bytes:
             f"minimal: {busybox} is dynamically linked; install the static build with `apt-get install busybox-static`"
         )
     listing = _run("minimal: busybox --list-full", [busybox, "--list-full"]).stdout.decode()
-    applets = sorted({p.strip().lstrip("/") for p in listing.split() if p.strip()})
+    return sorted({p.strip().lstrip("/") for p in listing.split() if p.strip()})
+
+
+class _TarWriter:
+    """Entries of a reproducible tar: fixed mtime, numeric owners only."""
+
+    def __init__(self, tar: tarfile.TarFile, mtime: int) -> None:
+        self.tar, self.mtime = tar, mtime
+
+    def add(self, name: str, kind: bytes, mode: int, uid: int = 0, gid: int = 0, **kw: Any) -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.uid, info.gid = kind, mode, uid, gid
+        info.uname = info.gname = ""
+        info.mtime = self.mtime
+        data = kw.pop("data", None)
+        for key, value in kw.items():
+            setattr(info, key, value)
+        if data is None:
+            self.tar.addfile(info)
+        else:
+            info.size = len(data)
+            self.tar.addfile(info, io.BytesIO(data))
+
+
+def minimal_rootfs_tar(busybox: str = BUSYBOX_PATH) -> bytes:
+    """The minimal image's root filesystem as an (uncompressed, reproducible) tar."""
+    applets = _busybox_applets(busybox)
     with open(busybox, "rb") as f:
         binary = f.read()
-    mtime = int(os.stat(busybox).st_mtime)
-
+    dirs = dict(_MINIMAL_DIRS)
+    for applet in applets:  # any other directory an applet lives in
+        parent = os.path.dirname(applet)
+        while parent and parent not in dirs:
+            dirs[parent] = 0o755
+            parent = os.path.dirname(parent)
+    passwd = (
+        "root:x:0:0:root:/root:/bin/sh\n"
+        f"{KERNEL_USER}:x:{KERNEL_UID}:{KERNEL_GID}:{KERNEL_USER}:{KERNEL_HOME}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+    )
+    group = f"root:x:0:\n{KERNEL_USER}:x:{KERNEL_GID}:\nnogroup:x:65534:\n"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-
-        def add(name: str, kind: bytes, mode: int, uid: int = 0, gid: int = 0, **kw: Any) -> None:
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            info.mode = mode
-            info.uid, info.gid = uid, gid
-            info.uname = info.gname = ""
-            info.mtime = mtime
-            data = kw.pop("data", None)
-            for k, v in kw.items():
-                setattr(info, k, v)
-            if data is not None:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-            else:
-                tar.addfile(info)
-
-        dirs = {
-            "bin": 0o755,
-            "sbin": 0o755,
-            "usr": 0o755,
-            "usr/bin": 0o755,
-            "usr/sbin": 0o755,
-            "etc": 0o755,
-            "dev": 0o755,
-            "proc": 0o555,
-            "sys": 0o555,
-            "run": 0o755,
-            "var": 0o755,
-            "var/tmp": 0o1777,
-            "root": 0o700,
-            "home": 0o755,
-            "tmp": 0o1777,
-        }
-        for applet in applets:  # any other directory an applet lives in
-            parent = os.path.dirname(applet)
-            while parent and parent not in dirs:
-                dirs[parent] = 0o755
-                parent = os.path.dirname(parent)
+        out = _TarWriter(tar, int(os.stat(busybox).st_mtime))
         for d in sorted(dirs):
-            add(d, tarfile.DIRTYPE, dirs[d])
-        add(KERNEL_HOME.lstrip("/"), tarfile.DIRTYPE, 0o755, KERNEL_UID, KERNEL_GID)
-        add("bin/busybox", tarfile.REGTYPE, 0o755, data=binary)
+            out.add(d, tarfile.DIRTYPE, dirs[d])
+        out.add(KERNEL_HOME.lstrip("/"), tarfile.DIRTYPE, 0o755, KERNEL_UID, KERNEL_GID)
+        out.add("bin/busybox", tarfile.REGTYPE, 0o755, data=binary)
         for applet in applets:
             if applet != "bin/busybox":
-                add(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox")
-        passwd = (
-            "root:x:0:0:root:/root:/bin/sh\n"
-            f"{KERNEL_USER}:x:{KERNEL_UID}:{KERNEL_GID}:{KERNEL_USER}:{KERNEL_HOME}:/bin/sh\n"
-            "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
-        )
-        group = f"root:x:0:\n{KERNEL_USER}:x:{KERNEL_GID}:\nnogroup:x:65534:\n"
-        add("etc/passwd", tarfile.REGTYPE, 0o644, data=passwd.encode())
-        add("etc/group", tarfile.REGTYPE, 0o644, data=group.encode())
+                out.add(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox")
+        out.add("etc/passwd", tarfile.REGTYPE, 0o644, data=passwd.encode())
+        out.add("etc/group", tarfile.REGTYPE, 0o644, data=group.encode())
     return buf.getvalue()
 
 
@@ -469,8 +474,7 @@ def _remove_tree(root: Path) -> None:
     subprocess.run(["rm", "-rf", "--one-file-system", str(root)], capture_output=True)
 
 
-def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> None:
-    """debootstrap + chroot setup + tar, written atomically to ``tarball``."""
+def _check_python_build_tools(tarball: Path) -> None:
     if shutil.which("debootstrap") is None:
         raise ImageBuildError(
             "python: debootstrap is not installed; install it with `apt-get install debootstrap`"
@@ -480,11 +484,58 @@ def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> Non
             "python: building the root filesystem needs root (debootstrap, chroot); run the build "
             f"as root once, or place a built tarball at {tarball}"
         )
+
+
+def _debootstrap(progress: Progress, root: Path, mirror: str) -> None:
+    t0 = time.monotonic()
+    progress(
+        f"python: debootstrap {PYTHON_SUITE} from {mirror} (this takes ~40 s the first time)\N{HORIZONTAL ELLIPSIS}"
+    )
+    command = ["debootstrap", "--variant=minbase", f"--arch={_dpkg_arch()}", PYTHON_SUITE]
+    _run("python: debootstrap", [*command, str(root), mirror])
+    progress(f"python: debootstrap done in {time.monotonic() - t0:.0f} s")
+
+
+def _install_python_packages(progress: Progress, root: Path) -> None:
+    """The packages and the kernel user, in the chroot; nothing is started (policy-rc.d)."""
+    t0 = time.monotonic()
+    progress(f"python: installing {' '.join(PYTHON_PACKAGES)} in the chroot\N{HORIZONTAL ELLIPSIS}")
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    with contextlib.suppress(OSError):
+        shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")
+    script = _PYTHON_SETUP_SCRIPT.format(
+        packages=" ".join(PYTHON_PACKAGES),
+        uid=KERNEL_UID,
+        gid=KERNEL_GID,
+        user=KERNEL_USER,
+        home=KERNEL_HOME,
+    )
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
+    _run("python: chroot setup", ["chroot", str(root), "/bin/sh", "-c", script], env=env)
+    progress(f"python: packages installed in {time.monotonic() - t0:.0f} s")
+
+
+def _tar_root(root: Path, tmp_tar: Path) -> None:
+    """The root as a tar without xattrs (file capabilities break binaries under cap-drop ALL)."""
+    flags = ["--numeric-owner", "--no-xattrs", "--no-acls", "--no-selinux"]
+    excludes = ["--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*"]
+    _run(
+        "python: tar root filesystem",
+        ["tar", *flags, *excludes, "-C", str(root), "-cf", str(tmp_tar), "."],
+    )
+    with open(tmp_tar, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> None:
+    """debootstrap + chroot setup + tar, written atomically to ``tarball``."""
+    _check_python_build_tools(tarball)
     mirror = find_apt_mirror(PYTHON_SUITE)
     cache = tarball.parent
-    for stale in cache.glob(
-        f".build-{recipe}-*"
-    ):  # left by an interrupted build (we hold the lock)
+    # Left by an interrupted build (we hold the lock).
+    for stale in cache.glob(f".build-{recipe}-*"):
         _remove_tree(stale)
     for stale_tar in cache.glob(f".{tarball.name}.*.tmp"):
         stale_tar.unlink(missing_ok=True)
@@ -492,64 +543,10 @@ def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> Non
     root = workdir / "root"
     tmp_tar = cache / f".{tarball.name}.{os.getpid()}.tmp"
     try:
+        _debootstrap(progress, root, mirror)
+        _install_python_packages(progress, root)
         t0 = time.monotonic()
-        progress(
-            f"python: debootstrap {PYTHON_SUITE} from {mirror} (this takes ~40 s the first time)\N{HORIZONTAL ELLIPSIS}"
-        )
-        _run(
-            "python: debootstrap",
-            [
-                "debootstrap",
-                "--variant=minbase",
-                f"--arch={_dpkg_arch()}",
-                PYTHON_SUITE,
-                str(root),
-                mirror,
-            ],
-        )
-        progress(f"python: debootstrap done in {time.monotonic() - t0:.0f} s")
-
-        t0 = time.monotonic()
-        progress(
-            f"python: installing {' '.join(PYTHON_PACKAGES)} in the chroot\N{HORIZONTAL ELLIPSIS}"
-        )
-        policy = root / "usr/sbin/policy-rc.d"
-        policy.write_text("#!/bin/sh\nexit 101\n")
-        policy.chmod(0o755)
-        with contextlib.suppress(OSError):
-            shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")
-        script = _PYTHON_SETUP_SCRIPT.format(
-            packages=" ".join(PYTHON_PACKAGES),
-            uid=KERNEL_UID,
-            gid=KERNEL_GID,
-            user=KERNEL_USER,
-            home=KERNEL_HOME,
-        )
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
-        _run("python: chroot setup", ["chroot", str(root), "/bin/sh", "-c", script], env=env)
-        progress(f"python: packages installed in {time.monotonic() - t0:.0f} s")
-
-        t0 = time.monotonic()
-        _run(
-            "python: tar root filesystem",
-            [
-                "tar",
-                "--numeric-owner",
-                "--no-xattrs",
-                "--no-acls",
-                "--no-selinux",
-                "--exclude=./dev/*",
-                "--exclude=./proc/*",
-                "--exclude=./sys/*",
-                "-C",
-                str(root),
-                "-cf",
-                str(tmp_tar),
-                ".",
-            ],
-        )
-        with open(tmp_tar, "rb") as f:
-            os.fsync(f.fileno())
+        _tar_root(root, tmp_tar)
         os.replace(tmp_tar, tarball)
         meta = dict(python_recipe(), mirror=mirror, built_at=time.time())
         tarball.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -616,12 +613,6 @@ def build_all(
         build_minimal(progress, cache_dir, force, client),
         build_python(progress, cache_dir, force, client),
     ]
-
-
-KERNEL_IMAGES: dict[str, Callable[..., BuiltImage]] = {
-    MINIMAL_IMAGE: build_minimal,
-    PYTHON_IMAGE: build_python,
-}
 
 
 if __name__ == "__main__":  # python -m sessions_app.kernel_images [--force]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -376,9 +376,8 @@ def _check_starts_at(raw: str | None, session_type: str, bad: _Errors) -> dateti
         if parsed is not None and timezone.is_naive(parsed):
             parsed = timezone.make_aware(parsed)
         # Far-off offsets overflow only when converted: do it here, not in the database.
-        now = timezone.now()
-        if parsed is not None and parsed - now > MAX_START_AHEAD:
-            bad("starts_at", f"must be within {MAX_START_AHEAD.days} days from now")
+        if parsed is not None and abs(parsed.astimezone(UTC) - timezone.now()) > MAX_START_AHEAD:
+            bad("starts_at", f"must be within {MAX_START_AHEAD.days} days of now")
             return None
     except (ValueError, OverflowError):  # well formed but not a date (month 13), or out of range
         parsed = None

@@ -457,10 +457,6 @@ class _Transitions(models.Model):
 
     # One method per target status, so call sites read as what they do.
     @_alters_data
-    def mark_scheduled(self, reason: str, **fields: Any) -> bool:
-        return self.transition(S.SCHEDULED, reason, **fields)
-
-    @_alters_data
     def mark_preparing(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.PREPARING, reason, **fields)
 

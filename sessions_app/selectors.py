@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Prefetch, Q, QuerySet
 
-from . import slots as slotlib
 from .errors import NotFound
 from .models import (
-    ACTIVE,
     Agent,
     AgentStatus,
     DataFolder,
@@ -22,7 +19,6 @@ from .models import (
     Session,
     SessionEvent,
     SessionTemplate,
-    Status,
     UserResourcePolicy,
 )
 
@@ -110,19 +106,6 @@ def policy_for_user(*, user: AbstractBaseUser) -> ResourcePolicy | None:
     if assignment is not None:
         return assignment.policy
     return ResourcePolicy.objects.filter(is_default=True).first()
-
-
-def user_usage(*, user: AbstractBaseUser) -> dict[str, object]:
-    """What the user holds now: counts by phase and the slots of placed kernels."""
-    sessions = Session.objects.filter(owner=user, status__in=ACTIVE)
-    pending = sessions.filter(status=Status.PENDING).count()
-    active = sessions.exclude(status=Status.PENDING).count()
-    occupied: dict[str, Decimal] = {}
-    for requested in Kernel.objects.filter(
-        session__owner=user, status__in=ACTIVE - {Status.PENDING}
-    ).values_list("requested_slots", flat=True):
-        occupied = slotlib.add(occupied, slotlib.from_strings(requested))
-    return {"pending_sessions": pending, "active_sessions": active, "occupied_slots": occupied}
 
 
 def agents_in_group(*, group: ResourceGroup) -> QuerySet[Agent]:

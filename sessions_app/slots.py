@@ -58,10 +58,6 @@ def add(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decimal
     return {k: a.get(k, Decimal(0)) + b.get(k, Decimal(0)) for k in set(a) | set(b)}
 
 
-def scale(a: Mapping[str, Decimal], n: int) -> dict[str, Decimal]:
-    return {k: v * n for k, v in a.items()}
-
-
 def shortfall(need: Mapping[str, Decimal], have: Mapping[str, Decimal]) -> dict[str, Decimal]:
     """Slots of ``need`` that ``have`` cannot cover, with the amount missing."""
     return {k: v - have.get(k, Decimal(0)) for k, v in need.items() if v > have.get(k, Decimal(0))}

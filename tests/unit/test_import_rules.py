@@ -52,3 +52,39 @@ def test_the_agent_imports_nothing_of_the_manager() -> None:
         for path, names in _imports("agent").items()
     }
     assert {path: names for path, names in upward.items() if names} == {}
+
+
+def test_the_scheduler_reaches_sessions_app_but_sessions_app_never_reaches_the_scheduler() -> None:
+    upward = {
+        path: sorted(m for m in names if _top(m) == "scheduler_app")
+        for path, names in _imports("sessions_app").items()
+    }
+    assert {path: names for path, names in upward.items() if names} == {}
+
+
+def test_the_two_apps_consumers_share_helpers_only_through_backendai_web() -> None:
+    gateway = _imports("scheduler_app")["scheduler_app/consumers.py"]
+    assert not [m for m in gateway if m.startswith("sessions_app.consumers")]
+    assert "backendai_web.websockets.LoopDispatch" in gateway
+
+
+def test_models_record_transitions_and_push_nothing() -> None:
+    models = _imports("sessions_app")["sessions_app/models.py"]
+    tree = ast.parse((ROOT / "sessions_app/models.py").read_text())
+    relative = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+        for alias in node.names
+    }
+    assert "live" not in relative
+    assert not [m for m in models if "live" in m.split(".") or _top(m) == "channels"]
+
+
+def test_the_policies_import_nothing_of_django() -> None:
+    for package, path in (
+        ("scheduler_app", "scheduler_app/policy.py"),
+        ("sessions_app", "sessions_app/policy.py"),
+    ):
+        names = _imports(package)[path]
+        assert not [m for m in names if _top(m) in {"django", "rest_framework", "channels"}], path

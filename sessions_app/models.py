@@ -455,7 +455,12 @@ class _Transitions(models.Model):
         logger.info("%d %s(s): %s → %s (%s)", moved, cls._meta.model_name, src, dst, reason)
         return moved
 
-    # One method per target status, so call sites read as what they do.
+    # One method per target status, so call sites read as what they do (the
+    # scheduler's hot path moves many rows at once with bulk_transition).
+    @_alters_data
+    def mark_scheduled(self, reason: str, **fields: Any) -> bool:
+        return self.transition(S.SCHEDULED, reason, **fields)
+
     @_alters_data
     def mark_preparing(self, reason: str, **fields: Any) -> bool:
         return self.transition(S.PREPARING, reason, **fields)

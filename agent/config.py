@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOG_TAIL_BYTES = 64 * 1024
 DEFAULT_TERM_GRACE = 120.0
+DEFAULT_KERNEL_TMP_SIZE = 256 * 1024**2
+# Process kernels run as uid BASE+1, BASE+2, … (one each) in group BASE: far above
+# the ranges that distributions give to people, services and subordinate ids.
+DEFAULT_KERNEL_UID_BASE = 2_000_000_000
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
@@ -59,6 +63,8 @@ class AgentConfig:
     term_grace: float = DEFAULT_TERM_GRACE
     hostname: str = field(default_factory=socket.gethostname)
     stop_timeout: int = 2
+    kernel_tmp_size: int = DEFAULT_KERNEL_TMP_SIZE
+    kernel_uid_base: int = DEFAULT_KERNEL_UID_BASE
 
     @property
     def agent_key(self) -> str:
@@ -95,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse data-folder mounts outside this directory",
     )
     p.add_argument("--log-tail-bytes", type=int, default=DEFAULT_LOG_TAIL_BYTES)
+    p.add_argument(
+        "--kernel-tmp-size",
+        type=parse_size,
+        default=DEFAULT_KERNEL_TMP_SIZE,
+        help="size of a container's /tmp tmpfs (never more than half its memory)",
+    )
+    p.add_argument(
+        "--kernel-uid-base",
+        type=int,
+        default=DEFAULT_KERNEL_UID_BASE,
+        help="process backend as root: kernels run as uid BASE+1, BASE+2, … in group BASE",
+    )
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
@@ -121,7 +139,11 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         pull=ns.pull,
         labels=dict(ns.label),
         term_grace=ns.term_grace,
+        kernel_tmp_size=ns.kernel_tmp_size,
+        kernel_uid_base=ns.kernel_uid_base,
     )
+    if not 0 < cfg.kernel_uid_base < 2**31 - 2**16:
+        parser.error("--kernel-uid-base must leave room for 65536 uids below 2^31")
     return cfg, ns
 
 

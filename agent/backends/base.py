@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import os
+import resource
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -372,7 +373,7 @@ def prepare_host_folder(path: Path, uid: int = 1000, gid: int = 1000) -> None:
 MIN_CPU = Decimal("0.01")
 MIN_MEM = 16 * 1024**2
 PIDS_LIMIT = 4096  # processes (threads) per kernel
-NOFILE_LIMIT = 65536  # open files per process
+NOFILE_LIMIT = 16384  # open files per process (capped by the agent's own hard limit)
 FOLDER_MODE = 0o2770  # data folders: the kernel user and its group, nobody else
 
 
@@ -384,6 +385,13 @@ class KernelLimits:
     cpu: Decimal
     mem: int
     raised: tuple[str, ...] = ()
+
+
+def nofile_limit() -> int:
+    """The open-files limit for kernels: NOFILE_LIMIT, or less where the agent's own
+    hard limit is lower (an engine started under the same limits cannot raise it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return NOFILE_LIMIT if hard == resource.RLIM_INFINITY else min(NOFILE_LIMIT, hard)
 
 
 def kernel_limits(slots: dict[str, Any]) -> KernelLimits:

@@ -42,7 +42,6 @@ from docker.types import Mount, Ulimit
 
 from agent import protocol
 from agent.backends.base import (
-    NOFILE_LIMIT,
     PIDS_LIMIT,
     Backend,
     FdChannel,
@@ -51,6 +50,7 @@ from agent.backends.base import (
     TermChannel,
     ThreadPipe,
     chunked_text,
+    nofile_limit,
     prepare_host_folder,
     render_env_file,
     render_ssh_environment,
@@ -568,6 +568,7 @@ class DockerBackend(Backend):
         await self._call(write_kernel_home, home, env, spec.get("ssh"))
         limits = self.limits_for(state, kspec.get("slots") or {})
         tmp_size = min(self.config.kernel_tmp_size, limits.mem // 2)
+        nofile = nofile_limit()
         labels = {
             L_SESSION: state.session_id,
             L_KERNEL: state.kernel_id,
@@ -595,7 +596,7 @@ class DockerBackend(Backend):
                 security_opt=["no-new-privileges"],
                 privileged=False,
                 pids_limit=PIDS_LIMIT,
-                ulimits=[Ulimit(name="nofile", soft=NOFILE_LIMIT, hard=NOFILE_LIMIT)],
+                ulimits=[Ulimit(name="nofile", soft=nofile, hard=nofile)],
                 read_only=True,
                 tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={tmp_size},mode=1777"},
                 mounts=mounts,

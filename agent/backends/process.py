@@ -50,7 +50,6 @@ from agent import protocol
 from agent.backends.base import (
     LOG_CHUNK_MAX,
     MIN_MEM,
-    NOFILE_LIMIT,
     PIDS_LIMIT,
     Backend,
     FdChannel,
@@ -58,6 +57,7 @@ from agent.backends.base import (
     KernelLimits,
     KernelState,
     TermChannel,
+    nofile_limit,
     prepare_host_folder,
     render_env_file,
     trim_tail,
@@ -102,7 +102,7 @@ def kernel_rlimits(limits: KernelLimits) -> dict[int, int]:
     """The rlimits a process kernel runs under, by resource."""
     return {
         resource.RLIMIT_AS: limits.mem,
-        resource.RLIMIT_NOFILE: NOFILE_LIMIT,
+        resource.RLIMIT_NOFILE: nofile_limit(),
         resource.RLIMIT_NPROC: PIDS_LIMIT,
         resource.RLIMIT_FSIZE: FSIZE_LIMIT,
         resource.RLIMIT_CORE: 0,

@@ -14,6 +14,7 @@ import pytest_asyncio
 from agent_helpers import Frames, spec
 
 from agent import protocol
+from agent.backends.base import NOFILE_LIMIT
 from agent.backends.process import ProcessBackend
 from agent.config import AgentConfig
 from tests.conftest import skip_or_fail
@@ -280,7 +281,7 @@ async def test_a_kernel_runs_under_rlimits_from_its_memory_slot(backend, frames)
         backend, frames, "ulimit -v; ulimit -n; ulimit -c", cpu="1", mem=str(256 * 1024**2)
     )
     hard_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # never raised above the agent's
-    nofile = 65536 if hard_nofile == resource.RLIM_INFINITY else min(65536, hard_nofile)
+    nofile = min(NOFILE_LIMIT, hard_nofile if hard_nofile >= 0 else NOFILE_LIMIT)
     assert out.split() == [str(256 * 1024), str(nofile), "0"]  # KiB, files, core blocks
 
 

@@ -253,7 +253,10 @@ class ProcessBackend(Backend):
             self.report(state.report())
             limits = self.limits_for(state, kspec.get("slots") or {})
             try:
-                proc, info = await asyncio.to_thread(self._spawn, session_id, kspec, limits)
+                # Chosen here, on the loop, so that concurrent creates never share a uid.
+                ident = self._allocate_uid() if self.isolated else None
+                state.extra["uid"] = ident[0] if ident else None
+                proc, info = await asyncio.to_thread(self._spawn, session_id, kspec, limits, ident)
             except (KernelError, OSError) as exc:
                 self.set_status(state, protocol.KR_ERROR, reason=str(exc))
                 return
@@ -285,7 +288,8 @@ class ProcessBackend(Backend):
     def _allocate_uid(self) -> tuple[int, int]:
         """A uid no live kernel and no account has, and the kernels' shared group."""
         base = self.config.kernel_uid_base
-        used = {k.extra["info"].get("uid") for k in self.kernels.values() if k.extra.get("info")}
+        used = {k.extra.get("uid") for k in self.kernels.values()}
+        used |= {k.extra["info"].get("uid") for k in self.kernels.values() if k.extra.get("info")}
         for _ in range(UID_SLOTS):
             slot = self.next_uid_slot
             self.next_uid_slot = slot % (UID_SLOTS - 1) + 1
@@ -295,13 +299,24 @@ class ProcessBackend(Backend):
         raise KernelError("no free kernel uid left on this agent")
 
     def _spawn(
-        self, session_id: str, kspec: dict[str, Any], limits: KernelLimits
+        self,
+        session_id: str,
+        kspec: dict[str, Any],
+        limits: KernelLimits,
+        ident: tuple[int, int] | None,
     ) -> tuple[subprocess.Popen, dict]:
+        """Start a kernel as ``ident`` (uid, gid), or as the agent itself when None."""
         hostname = kspec["hostname"]
         if "/" in session_id or "/" in hostname or hostname in ("", ".", ".."):
             raise KernelError(f"bad session id or hostname: {session_id!r} {hostname!r}")
-        if self.isolated:
-            uid, gid = self._allocate_uid()
+        folders = {}  # all refused before anything is made
+        for mount in kspec.get("mounts") or []:
+            name = mount["name"]
+            if "/" in name or name in ("", ".", ".."):
+                raise KernelError(f"bad data folder name {name!r}")
+            folders[name] = self.check_mount(mount["host_path"])
+        if ident is not None:
+            uid, gid = ident
             owner: tuple[int | None, int | None] = (uid, gid)
         else:
             uid, gid = os.geteuid(), os.getegid()
@@ -312,15 +327,11 @@ class ProcessBackend(Backend):
         sdir.chmod(0o711)
         kdir.mkdir(mode=0o700, exist_ok=True)
         (kdir / ".tmp").mkdir(mode=0o700, exist_ok=True)
-        if self.isolated:
+        if ident is not None:
             for path in (kdir, kdir / ".tmp"):
                 os.chown(path, uid, gid)
                 path.chmod(0o700)
-        for mount in kspec.get("mounts") or []:
-            name = mount["name"]
-            if "/" in name or name in ("", ".", ".."):
-                raise KernelError(f"bad data folder name {name!r}")
-            target = self.check_mount(mount["host_path"])
+        for name, target in folders.items():
             prepare_host_folder(target, uid, gid)
             link = kdir / name
             if link.is_symlink() or link.exists():

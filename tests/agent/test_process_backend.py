@@ -95,12 +95,19 @@ async def test_data_folders_are_linked_by_name_and_shared(backend, frames, confi
     assert (config.work_dir / s["session_id"] / "sub1" / "shared").resolve() == folder.resolve()
 
 
+@pytest.mark.parametrize("escape", ["/etc", "{root}/u1/../../outside", "{root}/u1/link-to-etc"])
 @pytest.mark.asyncio
-async def test_a_mount_outside_the_data_root_is_refused(backend, frames, tmp_path):
-    s = spec(mounts=[{"name": "etc", "host_path": "/etc"}])
+async def test_a_mount_outside_the_data_root_is_refused_and_never_linked(
+    backend, frames, config, escape
+):
+    (config.data_root / "u1").mkdir(parents=True)
+    (config.data_root / "u1" / "link-to-etc").symlink_to("/etc")
+    s = spec(mounts=[{"name": "etc", "host_path": escape.format(root=config.data_root)}])
     await backend.create_kernels(s)
     err = await frames.wait_for(kernel_id=s["session_id"], status="error")
     assert "outside the data root" in err["reason"]
+    assert not (config.work_dir / s["session_id"]).exists()  # nothing made, nothing linked
+    assert [k.status for k in await backend.list_kernels()] == ["error"]
 
 
 @pytest.mark.asyncio

@@ -48,6 +48,16 @@ def test_the_command_line_gives_a_config_with_overrides_and_labels():
     assert capacity(cfg) == {"cpu": "2.5", "mem": str(4 * 2**30), "cuda.device": "1"}
 
 
+def test_kernel_flags_set_the_tmp_size_and_the_process_kernels_uid_base():
+    base = ["--manager", "ws://127.0.0.1:8000", "--token", "T"]
+    cfg, _ = config_from_args(base)
+    assert (cfg.kernel_tmp_size, cfg.kernel_uid_base) == (256 * 2**20, 2_000_000_000)
+    cfg, _ = config_from_args(base + ["--kernel-tmp-size", "1g", "--kernel-uid-base", "3000000"])
+    assert (cfg.kernel_tmp_size, cfg.kernel_uid_base) == (2**30, 3_000_000)
+    with pytest.raises(SystemExit):
+        config_from_args(base + ["--kernel-uid-base", "0"])
+
+
 def test_capacity_is_read_from_proc_and_narrowed_by_cgroups(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       8000000 kB\nMemFree: 1 kB\n")

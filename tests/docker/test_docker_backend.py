@@ -305,11 +305,15 @@ async def test_a_missing_image_is_an_error_that_names_it(backend):
     )
 
 
-async def test_a_mount_outside_the_data_root_is_refused(backend, test_image):
+async def test_a_mount_outside_the_data_root_is_refused_and_never_mounted(
+    backend, docker_client, test_image
+):
     spec = cluster_spec(test_image, hosts=("main1",), mounts=[{"name": "x", "host_path": "/etc"}])
     await backend.create_kernels(spec)
     err = await backend.frames.wait_for(kernel_id=spec["session_id"], status="error")
     assert "outside the data root" in err["reason"]
+    assert not docker_client.api.containers(all=True, filters={"name": spec["session_id"]})
+    assert not backend.home_dir(spec["session_id"]).exists()
 
 
 async def test_the_terminal_echoes_resizes_and_reattaches(backend, test_image):

@@ -215,14 +215,14 @@ class ProcessBackend(Backend):
                 os.geteuid(),
             )
         try:
-            state = json.loads(self.state_path.read_text())
-            saved = state["kernels"]
+            document = json.loads(self.state_path.read_text())
+            saved = document["kernels"]
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError) as exc:
             log.warning("ignoring unreadable state file %s: %s", self.state_path, exc)
             return
-        self.next_uid_slot = int(state.get("next_uid_slot") or 1)
+        self.next_uid_slot = int(document.get("next_uid_slot") or 1)
         for entry in saved:
             state = KernelState(entry["kernel_id"], entry["session_id"], entry["hostname"])
             state.extra["info"] = {

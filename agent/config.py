@@ -23,6 +23,10 @@ from . import protocol
 log = logging.getLogger(__name__)
 
 DEFAULT_TERM_GRACE = 120.0
+DEFAULT_KERNEL_TMP_SIZE = 256 * 1024**2
+# Process kernels run as uid BASE+1, BASE+2, … (one each) in group BASE: far above
+# the ranges that distributions give to people, services and subordinate ids.
+DEFAULT_KERNEL_UID_BASE = 2_000_000_000
 
 
 def _size_option(text: str) -> int:
@@ -58,6 +62,8 @@ class AgentConfig:
     term_grace: float = DEFAULT_TERM_GRACE
     hostname: str = field(default_factory=socket.gethostname)
     stop_timeout: int = 2
+    kernel_tmp_size: int = DEFAULT_KERNEL_TMP_SIZE
+    kernel_uid_base: int = DEFAULT_KERNEL_UID_BASE
 
     @property
     def agent_key(self) -> str:
@@ -93,6 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="refuse data-folder mounts outside this directory",
     )
+    p.add_argument(
+        "--kernel-tmp-size",
+        type=_size_option,
+        default=DEFAULT_KERNEL_TMP_SIZE,
+        help="size of a container's /tmp tmpfs (never more than half its memory)",
+    )
+    p.add_argument(
+        "--kernel-uid-base",
+        type=int,
+        default=DEFAULT_KERNEL_UID_BASE,
+        help="process backend as root: kernels run as uid BASE+1, BASE+2, … in group BASE",
+    )
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
@@ -118,7 +136,11 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         pull=ns.pull,
         labels=dict(ns.label),
         term_grace=ns.term_grace,
+        kernel_tmp_size=ns.kernel_tmp_size,
+        kernel_uid_base=ns.kernel_uid_base,
     )
+    if not 0 < cfg.kernel_uid_base < 2**31 - 2**16:
+        parser.error("--kernel-uid-base must leave room for 65536 uids below 2^31")
     return cfg, ns
 
 

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 PROTOCOL_VERSION = 1
 
+# The uid and gid that kernels write data folders as (the Docker backend's kernel
+# user). The manager creates a folder owned by them, mode 2770: never world-writable.
+KERNEL_UID = 1000
+KERNEL_GID = 1000
+
 # Close codes of the agent websocket.
 CLOSE_BAD_TOKEN = 4401  # unknown or revoked token: the agent must not retry with it
 CLOSE_PROTOCOL = 4400  # malformed frame or unsupported protocol version

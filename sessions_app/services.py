@@ -7,8 +7,11 @@ requests) happen after commit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
+import stat
 from collections import deque
 from datetime import datetime
 from typing import Any
@@ -17,6 +20,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+
+from agent import protocol
 
 from . import live
 from . import policy as rules
@@ -312,7 +317,16 @@ def folder_create(*, owner: AbstractBaseUser, name: str) -> DataFolder:
         if root not in path.resolve().parents:
             raise field_error("name", "resolves outside the storage root")
         path.mkdir(parents=True, exist_ok=True)
-        path.chmod(0o777)  # kernels write here as their non-root user
+        # The kernel user's and its group's, nobody else's (new files keep the group).
+        # Without root it stays the server's own; an agent running as root hands it over.
+        if os.geteuid() == 0:
+            os.chown(path, protocol.KERNEL_UID, protocol.KERNEL_GID)
+        path.chmod(0o2770)
+        # Process kernels reach a folder by its path: the directories above it stay searchable.
+        for parent in [p for p in path.parents if p == root or root in p.parents]:
+            with contextlib.suppress(OSError):
+                if parent.stat().st_mode & 0o011 != 0o011:
+                    parent.chmod(stat.S_IMODE(parent.stat().st_mode) | 0o011)
     return folder
 
 

@@ -123,6 +123,8 @@ class LiveSystem:
         self, agent: Any, *extra: str, backend: str = "docker"
     ) -> subprocess.Popen[bytes]:
         """Run ``python -m agent`` for an Agent row that has ``plain_token``."""
+        from django.conf import settings
+
         work_dir = self.tmp_path / f"agent-{agent.pk}"
         log = open(self.tmp_path / f"agent-{agent.pk}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
@@ -138,6 +140,9 @@ class LiveSystem:
                 backend,
                 "--work-dir",
                 str(work_dir),
+                # Confined to the storage root, as scripts/run starts its agent.
+                "--data-root",
+                str(settings.BAI_STORAGE_ROOT),
                 *extra,
             ],
             cwd=ROOT,

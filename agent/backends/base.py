@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import os
+import resource
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -314,6 +315,23 @@ class Backend(ABC):
     def report_gone(self, kernel_id: str, session_id: str, reason: str | None) -> None:
         self.report(KernelReport(kernel_id, session_id, protocol.KR_GONE, reason=reason))
 
+    def limits_for(self, state: KernelState, slots: dict[str, Any]) -> KernelLimits:
+        """The kernel's limits; a request below the floor is raised to it, and logged."""
+        limits = kernel_limits(slots)
+        if limits.raised:
+            log.warning(
+                "kernel %s (session %s): %s missing or below the agent's floor, raised to"
+                " cpu=%s mem=%s (asked: cpu=%s mem=%s)",
+                state.kernel_id,
+                state.session_id,
+                " and ".join(limits.raised),
+                limits.cpu,
+                limits.mem,
+                slots.get("cpu"),
+                slots.get("mem"),
+            )
+        return limits
+
     def check_mount(self, host_path: str) -> Path:
         """Validate a data-folder path from the manager; raise KernelError if refused."""
         path = Path(host_path)
@@ -331,14 +349,62 @@ class Backend(ABC):
 
 
 def prepare_host_folder(path: Path, uid: int = 1000, gid: int = 1000) -> None:
-    """Create a data folder and make it writable by the kernel user."""
+    """Create a data folder and make it writable by the kernel user, and by no one else.
+
+    As root the folder is handed to ``uid:gid`` with mode 2770 (group-writable,
+    new files keep the group), so a folder made world-writable by an older
+    manager is closed again. Without root nothing can be handed over: it warns.
+    """
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         st = path.stat()
         if (st.st_uid, st.st_gid) != (uid, gid):
             os.chown(path, uid, gid)
+        if st.st_mode & 0o7777 != FOLDER_MODE:
+            path.chmod(FOLDER_MODE)
     elif not os.access(path, os.W_OK):
         log.warning("data folder %s is not writable by the agent's user", path)
+
+
+# The floor under every kernel's limits: a kernel never runs without a CPU and a
+# memory limit, and a request below these (or none) is raised to them. Docker
+# refuses less than 0.01 of a core and less than 6 MiB; a shell, the runner and
+# a little work need about 16 MiB.
+MIN_CPU = Decimal("0.01")
+MIN_MEM = 16 * 1024**2
+PIDS_LIMIT = 4096  # processes (threads) per kernel
+NOFILE_LIMIT = 16384  # open files per process (capped by the agent's own hard limit)
+FOLDER_MODE = 0o2770  # data folders: the kernel user and its group, nobody else
+
+
+@dataclass(frozen=True)
+class KernelLimits:
+    """The CPU and memory limits a kernel runs with; ``raised`` names the
+    slots that were missing or below the floor and were lifted to it."""
+
+    cpu: Decimal
+    mem: int
+    raised: tuple[str, ...] = ()
+
+
+def nofile_limit() -> int:
+    """The open-files limit for kernels: NOFILE_LIMIT, or less where the agent's own
+    hard limit is lower (an engine started under the same limits cannot raise it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return NOFILE_LIMIT if hard == resource.RLIM_INFINITY else min(NOFILE_LIMIT, hard)
+
+
+def kernel_limits(slots: dict[str, Any]) -> KernelLimits:
+    """The limits for a kernel's requested slots, never below the agent's floor."""
+    cpu, mem = slot_cpu(slots), slot_mem(slots)
+    raised = []
+    if cpu is None or cpu < MIN_CPU:
+        cpu = MIN_CPU
+        raised.append("cpu")
+    if mem is None or mem < MIN_MEM:
+        mem = MIN_MEM
+        raised.append("mem")
+    return KernelLimits(cpu, mem, tuple(raised))
 
 
 def slot_cpu(slots: dict[str, Any]) -> Decimal | None:
@@ -346,15 +412,15 @@ def slot_cpu(slots: dict[str, Any]) -> Decimal | None:
         value = Decimal(str(slots["cpu"]))
     except (KeyError, InvalidOperation):
         return None
-    return value if value > 0 else None
+    return value if value.is_finite() and value > 0 else None
 
 
 def slot_mem(slots: dict[str, Any]) -> int | None:
     try:
-        value = int(Decimal(str(slots["mem"])))
+        value = Decimal(str(slots["mem"]))
     except (KeyError, InvalidOperation):
         return None
-    return value if value > 0 else None
+    return int(value) if value.is_finite() and value > 0 else None
 
 
 def valid_env_name(name: str) -> bool:

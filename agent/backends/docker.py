@@ -3,9 +3,13 @@
 One internal bridge network per session (per engine) joins the session's containers;
 each container is named ``bai-<kernel_id>``, has the spec's hostname as hostname and
 network alias, runs as ``1000:1000`` with every capability dropped and
-``no-new-privileges``, and mounts only the session's data folders. The agent copies a
-small POSIX-sh runner inline as the entrypoint; it writes the env file and the
-session's SSH keys from variables the agent sets: no host file is bind-mounted.
+``no-new-privileges``, always with a CPU, memory, pids and open-files limit, on a
+read-only root. It writes only to its home (a per-kernel directory of the agent,
+``<work-dir>/homes/<kernel_id>``, mounted at ``/home/work``), to ``/tmp`` (a tmpfs
+capped at ``--kernel-tmp-size`` or half its memory) and to the session's data folders
+mounted inside the home. The agent writes the env file and the session's SSH keys
+into the home before the container exists, so no secret shows in ``docker inspect``;
+a small POSIX-sh runner passed inline as the entrypoint starts sshd and the command.
 
 Blocking SDK calls run in a thread pool; long-lived streams (engine events, followed
 logs) run in their own threads and hand data to the loop in batches; terminal sockets
@@ -19,6 +23,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import socket
 import struct
 import tempfile
@@ -28,14 +33,16 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import Mount
+from docker.types import Mount, Ulimit
 
 from agent import protocol
 from agent.backends.base import (
+    PIDS_LIMIT,
     Backend,
     FdChannel,
     KernelError,
@@ -43,11 +50,10 @@ from agent.backends.base import (
     TermChannel,
     ThreadPipe,
     chunked_text,
+    nofile_limit,
     prepare_host_folder,
     render_env_file,
     render_ssh_environment,
-    slot_cpu,
-    slot_mem,
     trim_tail,
 )
 
@@ -66,41 +72,23 @@ KERNEL_GID = 1000
 HOME = "/home/work"
 SSH_PORT = 2200
 NETWORK_LOCK_PATH = os.path.join(tempfile.gettempdir(), "backendai-agent-networks.lock")
-PIDS_LIMIT = 4096
 
 # The kernel runner, passed inline as ``sh -c RUNNER bai-runner [startup command]``.
-# It writes its files from BAI_RUNNER_* variables (the agent fills them) and
-# unsets them before anything of the user's runs: nothing is copied into the
-# container before it starts (a put_archive costs ~50 ms a kernel) and no host
-# file is mounted.
+# Everything it needs (the env file, the session's SSH keys and configs) is
+# already in the kernel's home, written there by the agent before the container
+# was created: no secret travels in the container's environment, command or
+# labels, so ``docker inspect`` shows none.
 RUNNER = f"""\
-umask 077
 B="$HOME/.backendai"
-mkdir -p "$B" 2>/dev/null || {{ B=/tmp/.backendai; mkdir -p "$B"; }}
-printf '%s' "$BAI_RUNNER_ENV_FILE" > "$HOME/.backendai_env" 2>/dev/null
-SSHD=
-if [ -n "$BAI_RUNNER_SSH_PRIVATE" ] && mkdir -p "$HOME/.ssh" 2>/dev/null; then
-  printf '%s\\n' "$BAI_RUNNER_SSH_PRIVATE" > "$HOME/.ssh/id_session"
-  printf '%s\\n' "$BAI_RUNNER_SSH_PUBLIC" > "$HOME/.ssh/id_session.pub"
-  printf '%s\\n' "$BAI_RUNNER_SSH_PUBLIC" > "$HOME/.ssh/authorized_keys"
-  printf '%s' "$BAI_RUNNER_SSH_CONFIG" > "$HOME/.ssh/config"
-  printf '%s' "$BAI_RUNNER_SSH_ENV" > "$HOME/.ssh/environment"
-  if [ -x /usr/sbin/sshd ]; then
-    printf '%s' "$BAI_RUNNER_SSHD_CONFIG" > "$B/sshd_config"
-    SSHD=1
-  fi
-fi
-unset BAI_RUNNER_ENV_FILE BAI_RUNNER_SSH_PRIVATE BAI_RUNNER_SSH_PUBLIC BAI_RUNNER_SSH_CONFIG \
-  BAI_RUNNER_SSH_ENV BAI_RUNNER_SSHD_CONFIG
-if [ -n "$SSHD" ]; then
+if [ -d /etc/skel ]; then cp -Rn /etc/skel/. "$HOME/" 2>/dev/null; fi
+if [ -f "$B/sshd_config" ] && [ -x /usr/sbin/sshd ]; then
   if [ ! -f "$B/ssh_host_ed25519_key" ]; then
-    ssh-keygen -q -t ed25519 -N '' -f "$B/ssh_host_ed25519_key" >/dev/null 2>&1 \
+    ssh-keygen -q -t ed25519 -N '' -f "$B/ssh_host_ed25519_key" >/dev/null 2>&1 \\
       || echo "backend.ai: ssh-keygen failed" >&2
   fi
-  /usr/sbin/sshd -f "$B/sshd_config" -p {SSH_PORT} -E "$B/sshd.log" \
+  /usr/sbin/sshd -f "$B/sshd_config" -p {SSH_PORT} -E "$B/sshd.log" \\
     || echo "backend.ai: sshd did not start (see $B/sshd.log)" >&2
 fi
-umask 022
 if [ $# -gt 0 ]; then
   exec /bin/sh -c "$1"
 fi
@@ -136,29 +124,47 @@ Host main* sub*
 """
 
 # $0 is where the shell writes its pid, so that closing the terminal can hang it up.
-# A docker exec gets the container's configured environment, so the runner's
-# variables are dropped here too.
-SHELL_SCRIPT = (
-    "unset BAI_RUNNER_ENV_FILE BAI_RUNNER_SSH_PRIVATE BAI_RUNNER_SSH_PUBLIC BAI_RUNNER_SSH_CONFIG "
-    'BAI_RUNNER_SSH_ENV BAI_RUNNER_SSHD_CONFIG; echo $$ > "$0"; '
-    "if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l"
-)
+SHELL_SCRIPT = 'echo $$ > "$0"; if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
 
 
-def runner_environment(env: dict[str, str], ssh: dict[str, str] | None) -> dict[str, str]:
-    """What the runner writes into the container, as environment for it."""
-    extra = {"BAI_RUNNER_ENV_FILE": render_env_file(env)}
+def write_kernel_home(
+    home: Path,
+    env: dict[str, str],
+    ssh: dict[str, str] | None,
+    uid: int = KERNEL_UID,
+    gid: int = KERNEL_GID,
+) -> None:
+    """Lay out a kernel's home before its container exists: the env file and,
+    with a session key pair, ``~/.ssh`` and the sshd config. Directories 0700,
+    files 0600, all owned by the kernel user (when the agent may hand them over):
+    ssh and sshd refuse keys that others can read or that the user does not own.
+    """
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    files = {".backendai_env": render_env_file(env)}
+    dirs = [home, home / ".backendai"]
     if ssh:
-        extra.update(
+        public = ssh["public_key"].rstrip("\n") + "\n"
+        files.update(
             {
-                "BAI_RUNNER_SSH_PRIVATE": ssh["private_key"].rstrip("\n"),
-                "BAI_RUNNER_SSH_PUBLIC": ssh["public_key"].rstrip("\n"),
-                "BAI_RUNNER_SSH_CONFIG": SSH_CLIENT_CONFIG,
-                "BAI_RUNNER_SSH_ENV": render_ssh_environment(env),
-                "BAI_RUNNER_SSHD_CONFIG": SSHD_CONFIG,
+                ".ssh/id_session": ssh["private_key"].rstrip("\n") + "\n",
+                ".ssh/id_session.pub": public,
+                ".ssh/authorized_keys": public,
+                ".ssh/config": SSH_CLIENT_CONFIG,
+                ".ssh/environment": render_ssh_environment(env),
+                ".backendai/sshd_config": SSHD_CONFIG,
             }
         )
-    return extra
+        dirs.append(home / ".ssh")
+    for d in dirs:
+        d.mkdir(mode=0o700, exist_ok=True)
+    for name, text in files.items():
+        path = home / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    if os.geteuid() == 0:
+        for path in [*dirs, *(home / name for name in files)]:
+            os.lchown(path, uid, gid)
 
 
 def stream_logs(
@@ -315,6 +321,16 @@ class DockerBackend(Backend):
         self._swarm_info: dict[str, Any] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    def home_dir(self, kernel_id: str) -> Path:
+        """The host directory mounted as a kernel's writable home."""
+        if not kernel_id or "/" in kernel_id or kernel_id in (".", ".."):
+            raise KernelError(f"bad kernel id {kernel_id!r}")
+        return Path(self.config.work_dir) / "homes" / kernel_id
+
+    async def _remove_home(self, kernel_id: str) -> None:
+        with contextlib.suppress(KernelError):
+            await self._call(shutil.rmtree, self.home_dir(kernel_id), ignore_errors=True)
+
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -328,6 +344,16 @@ class DockerBackend(Backend):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        homes = Path(self.config.work_dir) / "homes"
+        homes.mkdir(parents=True, exist_ok=True)
+        homes.chmod(0o700)  # kernel homes hold the sessions' private keys
+        if os.geteuid() not in (0, KERNEL_UID):
+            log.warning(
+                "the agent runs as uid %s, neither root nor the kernel uid %s: it cannot hand"
+                " kernels their home directories, and kernels will not be able to write there",
+                os.geteuid(),
+                KERNEL_UID,
+            )
         self._events_thread = threading.Thread(
             target=self._events_main, name="docker-events", daemon=True
         )
@@ -442,6 +468,7 @@ class DockerBackend(Backend):
                 return  # an error's container is removed by _fail; the error report stands
             self.set_status(state, protocol.KR_GONE, reason="container removed outside the agent")
             self.bury(state.kernel_id)
+            await self._remove_home(state.kernel_id)
 
     async def _read_tail(self, container_id: str | None) -> str:
         if not container_id:
@@ -498,6 +525,7 @@ class DockerBackend(Backend):
             with contextlib.suppress(DockerException):
                 await self._call(self.api.remove_container, state.container_id, force=True)
             state.container_id = None
+        await self._remove_home(state.kernel_id)
         await self._remove_network_if_unused(state)
 
     async def _ensure_image(self, state: KernelState, image: str) -> None:
@@ -536,10 +564,11 @@ class DockerBackend(Backend):
             mounts.append(Mount(target=f"{HOME}/{name}", source=str(path), type="bind"))
         await self._ensure_image(state, image)
         env = {str(k): str(v) for k, v in (kspec.get("env") or {}).items()}
-        runner_env = {**env, **runner_environment(env, spec.get("ssh"))}
-        slots = kspec.get("slots") or {}
-        cpu = slot_cpu(slots)
-        mem = slot_mem(slots)
+        home = self.home_dir(state.kernel_id)
+        await self._call(write_kernel_home, home, env, spec.get("ssh"))
+        limits = self.limits_for(state, kspec.get("slots") or {})
+        tmp_size = min(self.config.kernel_tmp_size, limits.mem // 2)
+        nofile = nofile_limit()
         labels = {
             L_SESSION: state.session_id,
             L_KERNEL: state.kernel_id,
@@ -550,6 +579,8 @@ class DockerBackend(Backend):
             L_MANAGED: "true",
         }
         command = [kspec["startup_command"]] if kspec.get("startup_command") else []
+        # The home first: the engine mounts by depth, so the data folders land inside it.
+        mounts.insert(0, Mount(target=HOME, source=str(home), type="bind"))
 
         # A kernel alone in its session talks to no peer: no network at all
         # (no route out either), and no network to create or remove.
@@ -558,13 +589,16 @@ class DockerBackend(Backend):
         def create(network_id: str) -> str:
             host_config = self.api.create_host_config(
                 network_mode="none" if alone else network_id,
-                nano_cpus=int(cpu * Decimal(10**9)) if cpu else None,
-                mem_limit=mem,
-                memswap_limit=mem,
+                nano_cpus=int(limits.cpu * Decimal(10**9)),
+                mem_limit=limits.mem,
+                memswap_limit=limits.mem,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 privileged=False,
                 pids_limit=PIDS_LIMIT,
+                ulimits=[Ulimit(name="nofile", soft=nofile, hard=nofile)],
+                read_only=True,
+                tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={tmp_size},mode=1777"},
                 mounts=mounts,
             )
             networking = (
@@ -580,7 +614,7 @@ class DockerBackend(Backend):
                 entrypoint=["/bin/sh", "-c", RUNNER, "bai-runner"],
                 hostname=state.hostname,
                 user=f"{KERNEL_UID}:{KERNEL_GID}",
-                environment=runner_env,
+                environment=env,
                 labels=labels,
                 name=f"bai-{state.kernel_id}",
                 working_dir=HOME,
@@ -729,6 +763,7 @@ class DockerBackend(Backend):
                     self.keep_tail(state, await self._read_tail(cid))
                 with contextlib.suppress(NotFound):
                     await self._call(self.api.remove_container, cid, force=True, v=True)
+            await self._remove_home(kernel_id)
             self.set_status(state, protocol.KR_GONE, reason=reason)
             self.bury(kernel_id)
         await self._remove_network_if_unused(state)
@@ -746,6 +781,7 @@ class DockerBackend(Backend):
                 session_id = labels.get(L_SESSION, "")
                 with contextlib.suppress(NotFound):
                     await self._call(self.api.remove_container, info["Id"], force=True, v=True)
+                await self._remove_home(kernel_id)
                 stub = KernelState(kernel_id, session_id, labels.get(L_HOST, ""))
                 stub.extra["network"] = labels.get(L_NETWORK)
                 await self._remove_network_if_unused(stub)

@@ -1,10 +1,24 @@
 """Kernels as native process groups: the fallback when no Docker engine answers.
 
-Each kernel is a process group (``start_new_session``) running in
-``<work-dir>/<session_id>/<hostname>/`` with the session's environment and ``HOME``
-pointing at that directory; data folders are symlinked into it by name. Output goes
-to a log file beside it. There is no isolation and no resource limit: this backend is
-for nodes (and tests) without Docker.
+Each kernel is a process group (``start_new_session``) running in its own home,
+``<work-dir>/<session_id>/<hostname>/`` (mode 0700), with a clean environment (the
+session's variables, ``PATH``, the locale, ``HOME``; nothing of the agent's, never its
+token); data folders are symlinked into it by name. Output goes to a log file beside
+it, which only the agent can read.
+
+Who a kernel runs as: an agent running as root gives every kernel a uid of its own,
+``--kernel-uid-base`` + n, in the shared group ``--kernel-uid-base`` (data folders are
+group-writable for it, mode 2770): a kernel cannot read the agent's files (its token,
+its state), other kernels' homes, or signal their processes; destroying a kernel kills
+every process of its uid, even those that left its process group. An agent that is not
+root cannot change uids: its kernels run as itself, and are isolated from nothing but
+its token (the agent makes itself non-dumpable, so its environment and memory cannot
+be read through /proc). Docker is the backend for nodes shared between users.
+
+Limits (``setrlimit``, per process, inherited by what it starts, and not raisable):
+address space = the kernel's memory slot, open files, processes (per uid, so per
+kernel), file size, no core dumps. A CPU slot is a rate, and no rlimit expresses one
+(``RLIMIT_CPU`` is a lifetime budget), so the process backend does not enforce it.
 
 A state file in the work dir lists the kernels (pid, process start time, paths), so a
 restarted agent adopts the processes that still live and reports the others as ended.
@@ -20,23 +34,30 @@ import json
 import logging
 import os
 import pty
+import pwd
+import resource
 import shutil
 import signal
 import struct
 import subprocess
 import termios
 from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from agent import protocol
 from agent.backends.base import (
     LOG_CHUNK_MAX,
+    MIN_MEM,
+    PIDS_LIMIT,
     Backend,
     FdChannel,
     KernelError,
+    KernelLimits,
     KernelState,
     TermChannel,
+    nofile_limit,
     prepare_host_folder,
     render_env_file,
     trim_tail,
@@ -46,6 +67,10 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "process-kernels.json"
 KILL_GRACE = 2.0
+UID_SLOTS = 65536  # kernel uids BASE+1 … BASE+65535, handed out in turn
+FSIZE_LIMIT = 64 * 1024**3  # the largest file a process kernel may write
+KERNEL_UMASK = 0o007  # group-writable for the data folders' shared group; others nothing
+AGENT_ONLY_ENV = frozenset({"BACKENDAI_AGENT_TOKEN"})
 
 # $1: the exit-code file, $2 (optional): the startup command. The exit code goes to a
 # file so that an agent that restarted (and is no longer the parent) still learns it.
@@ -73,6 +98,77 @@ def _exit_code_from_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def kernel_rlimits(limits: KernelLimits) -> dict[int, int]:
+    """The rlimits a process kernel runs under, by resource."""
+    return {
+        resource.RLIMIT_AS: limits.mem,
+        resource.RLIMIT_NOFILE: nofile_limit(),
+        resource.RLIMIT_NPROC: PIDS_LIMIT,
+        resource.RLIMIT_FSIZE: FSIZE_LIMIT,
+        resource.RLIMIT_CORE: 0,
+    }
+
+
+def _limit_self(rlimits: dict[int, int]) -> Callable[[], None]:
+    """A preexec_fn: set soft and hard limits (never above the inherited hard one)."""
+
+    def apply() -> None:
+        for res, value in rlimits.items():
+            hard = resource.getrlimit(res)[1]
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
+            resource.setrlimit(res, (value, value))
+
+    return apply
+
+
+def _uid_taken(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process whose real uid is ``uid`` (those that left the group too)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                real = next(line for line in f if line.startswith("Uid:")).split()[1]
+        except (OSError, StopIteration, IndexError):
+            continue
+        if int(real) == uid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _write_private(path: Path, text: str, uid: int | None, gid: int | None) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        if uid is not None:
+            os.fchown(f.fileno(), uid, gid if gid is not None else -1)
+        f.write(text)
+
+
+def make_non_dumpable() -> None:
+    """Keep processes of the same uid (kernels, when the agent is not root) out of
+    this process's /proc files (environ, mem) and from ptrace-ing it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_dumpable = 4
+        if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot make the agent non-dumpable: %s", exc)
+
+
 class ProcessBackend(Backend):
     name = "process"
 
@@ -80,6 +176,8 @@ class ProcessBackend(Backend):
         super().__init__(config, emit)
         self.work_dir = Path(config.work_dir)
         self.state_path = self.work_dir / STATE_FILE
+        self.isolated = os.geteuid() == 0  # only root can run kernels as other uids
+        self.next_uid_slot = 1
 
     # --- persistence ---------------------------------------------------------------
 
@@ -100,21 +198,37 @@ class ProcessBackend(Backend):
         tmp = self.state_path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"kernels": entries}, f)
+            json.dump({"kernels": entries, "next_uid_slot": self.next_uid_slot}, f)
         os.replace(tmp, self.state_path)
 
     async def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        # Kernels reach their homes below it, and see nothing else in it.
+        self.work_dir.chmod(0o711)
+        make_non_dumpable()
+        if self.isolated:
+            self._check_reachable()
+        else:
+            log.warning(
+                "the agent is not root: process kernels run as its own uid %s, isolated from"
+                " each other and from the agent's files only as far as that allows",
+                os.geteuid(),
+            )
         try:
-            saved = json.loads(self.state_path.read_text())["kernels"]
+            document = json.loads(self.state_path.read_text())
+            saved = document["kernels"]
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError) as exc:
             log.warning("ignoring unreadable state file %s: %s", self.state_path, exc)
             return
+        self.next_uid_slot = int(document.get("next_uid_slot") or 1)
         for entry in saved:
             state = KernelState(entry["kernel_id"], entry["session_id"], entry["hostname"])
-            state.extra["info"] = {k: entry[k] for k in ("pid", "start_time", "dir", "log", "env")}
+            state.extra["info"] = {
+                k: entry.get(k)
+                for k in ("pid", "start_time", "dir", "log", "env", "uid", "gid", "mem")
+            }
             state.extra["exited"] = asyncio.Event()
             self.kernels[state.kernel_id] = state
             pid = entry["pid"]
@@ -137,8 +251,12 @@ class ProcessBackend(Backend):
         state.extra["exited"] = asyncio.Event()
         async with state.lock:
             self.report(state.report())
+            limits = self.limits_for(state, kspec.get("slots") or {})
             try:
-                proc, info = await asyncio.to_thread(self._spawn, session_id, kspec)
+                # Chosen here, on the loop, so that concurrent creates never share a uid.
+                ident = self._allocate_uid() if self.isolated else None
+                state.extra["uid"] = ident[0] if ident else None
+                proc, info = await asyncio.to_thread(self._spawn, session_id, kspec, limits, ident)
             except (KernelError, OSError) as exc:
                 self.set_status(state, protocol.KR_ERROR, reason=str(exc))
                 return
@@ -150,37 +268,86 @@ class ProcessBackend(Backend):
     def _kernel_env(self, kdir: Path, env: dict[str, str]) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
         base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        base.update({str(k): str(v) for k, v in env.items()})
-        base.update({"HOME": str(kdir), "PWD": str(kdir)})
+        base.update({str(k): str(v) for k, v in env.items() if str(k) not in AGENT_ONLY_ENV})
+        base.update({"HOME": str(kdir), "PWD": str(kdir), "TMPDIR": str(kdir / ".tmp")})
         return base
 
-    def _spawn(self, session_id: str, kspec: dict[str, Any]) -> tuple[subprocess.Popen, dict]:
+    def _check_reachable(self) -> None:
+        """Kernels find their homes by path: warn if a parent of the work dir stops them."""
+        for parent in self.work_dir.parents:
+            with contextlib.suppress(OSError):
+                if not parent.stat().st_mode & 0o001:
+                    log.warning(
+                        "%s is not searchable by other users: process kernels cannot reach"
+                        " their homes under %s by path (chmod o+x it)",
+                        parent,
+                        self.work_dir,
+                    )
+                    return
+
+    def _allocate_uid(self) -> tuple[int, int]:
+        """A uid no live kernel and no account has, and the kernels' shared group."""
+        base = self.config.kernel_uid_base
+        used = {k.extra.get("uid") for k in self.kernels.values()}
+        used |= {k.extra["info"].get("uid") for k in self.kernels.values() if k.extra.get("info")}
+        for _ in range(UID_SLOTS):
+            slot = self.next_uid_slot
+            self.next_uid_slot = slot % (UID_SLOTS - 1) + 1
+            uid = base + slot
+            if uid not in used and not _uid_taken(uid):
+                return uid, base
+        raise KernelError("no free kernel uid left on this agent")
+
+    def _spawn(
+        self,
+        session_id: str,
+        kspec: dict[str, Any],
+        limits: KernelLimits,
+        ident: tuple[int, int] | None,
+    ) -> tuple[subprocess.Popen, dict]:
+        """Start a kernel as ``ident`` (uid, gid), or as the agent itself when None."""
         hostname = kspec["hostname"]
         if "/" in session_id or "/" in hostname or hostname in ("", ".", ".."):
             raise KernelError(f"bad session id or hostname: {session_id!r} {hostname!r}")
-        sdir = self.work_dir / session_id
-        kdir = sdir / hostname
-        kdir.mkdir(parents=True, exist_ok=True)
+        folders = {}  # all refused before anything is made
         for mount in kspec.get("mounts") or []:
             name = mount["name"]
             if "/" in name or name in ("", ".", ".."):
                 raise KernelError(f"bad data folder name {name!r}")
-            target = self.check_mount(mount["host_path"])
-            prepare_host_folder(target, os.geteuid(), os.getegid())
+            folders[name] = self.check_mount(mount["host_path"])
+        if ident is not None:
+            uid, gid = ident
+            owner: tuple[int | None, int | None] = (uid, gid)
+        else:
+            uid, gid = os.geteuid(), os.getegid()
+            owner = (None, None)
+        sdir = self.work_dir / session_id
+        kdir = sdir / hostname
+        sdir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        sdir.chmod(0o711)
+        kdir.mkdir(mode=0o700, exist_ok=True)
+        (kdir / ".tmp").mkdir(mode=0o700, exist_ok=True)
+        if ident is not None:
+            for path in (kdir, kdir / ".tmp"):
+                os.chown(path, uid, gid)
+                path.chmod(0o700)
+        for name, target in folders.items():
+            prepare_host_folder(target, uid, gid)
             link = kdir / name
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(target)
         env = self._kernel_env(kdir, kspec.get("env") or {})
-        (kdir / ".backendai_env").write_text(render_env_file(kspec.get("env") or {}))
+        _write_private(kdir / ".backendai_env", render_env_file(kspec.get("env") or {}), *owner)
         log_path = sdir / f".{hostname}.log"
         exit_path = sdir / f".{hostname}.exit"
-        with contextlib.suppress(FileNotFoundError):
-            exit_path.unlink()
+        # The runner writes its exit code here; the session dir stays the agent's.
+        _write_private(exit_path, "", *owner)
         argv = ["/bin/sh", "-c", _RUNNER, "backendai-kernel", str(exit_path)]
         if kspec.get("startup_command"):
             argv.append(kspec["startup_command"])
-        with open(log_path, "ab") as logf:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "ab") as logf:
             proc = subprocess.Popen(
                 argv,
                 cwd=kdir,
@@ -190,6 +357,8 @@ class ProcessBackend(Backend):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                **self._identity(uid, gid),
+                preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
             )
         info = {
             "pid": proc.pid,
@@ -197,8 +366,18 @@ class ProcessBackend(Backend):
             "dir": str(kdir),
             "log": str(log_path),
             "env": env,
+            "uid": uid,
+            "gid": gid,
+            "mem": limits.mem,
         }
         return proc, info
+
+    def _identity(self, uid: int | None, gid: int | None) -> dict[str, Any]:
+        """Popen arguments that run a kernel's process as the kernel (root agents only)."""
+        ident: dict[str, Any] = {"umask": KERNEL_UMASK}
+        if self.isolated and uid is not None and uid != os.geteuid():
+            ident.update(user=uid, group=gid, extra_groups=[])
+        return ident
 
     def _watch(self, state: KernelState, pid: int, proc: subprocess.Popen | None) -> None:
         """Learn about the exit through a pidfd on the loop: no thread, no polling."""
@@ -290,6 +469,10 @@ class ProcessBackend(Backend):
         # Children of the kernel may outlive the leader; the group id stays valid while any do.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+        uid = (state.extra.get("info") or {}).get("uid")
+        if self.isolated and uid is not None and uid >= self.config.kernel_uid_base > 0:
+            # A process that left the group (setsid) is still the kernel's uid.
+            await asyncio.to_thread(_kill_uid, uid)
 
     def _remove_files(self, info: dict[str, Any]) -> None:
         kdir = Path(info["dir"])
@@ -355,8 +538,12 @@ class ProcessBackend(Backend):
         env = dict(info["env"])
         env["TERM"] = "xterm-256color"
         shell = ["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]
+        uid, gid = info.get("uid"), info.get("gid")
+        limits = KernelLimits(Decimal(0), int(info.get("mem") or MIN_MEM))
         master, slave = pty.openpty()
         _set_winsize(master, cols, rows)
+        if self.isolated and uid is not None:
+            os.fchown(slave, uid, -1)
         try:
             proc = subprocess.Popen(
                 shell,
@@ -366,8 +553,9 @@ class ProcessBackend(Backend):
                 stdout=slave,
                 stderr=slave,
                 start_new_session=True,
-                preexec_fn=_take_controlling_tty,  # noqa: PLW1509 - setsid ran just before
+                preexec_fn=_shell_setup(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
+                **self._identity(uid, gid),
             )
         except OSError as exc:
             os.close(master)
@@ -377,8 +565,16 @@ class ProcessBackend(Backend):
         return PtyChannel(asyncio.get_running_loop(), master, proc, on_data, on_eof)
 
 
-def _take_controlling_tty() -> None:
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+def _shell_setup(rlimits: dict[int, int]) -> Callable[[], None]:
+    """A preexec_fn for a terminal's shell: the kernel's limits and its controlling tty
+    (setsid ran just before)."""
+    limit = _limit_self(rlimits)
+
+    def setup() -> None:
+        limit()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    return setup
 
 
 def _set_winsize(fd: int, cols: int, rows: int) -> None:

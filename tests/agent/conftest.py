@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,3 +28,13 @@ async def manager():
     await m.start()
     yield m
     await m.stop()
+
+
+@pytest.fixture
+def base_dir():
+    """A directory kernels may pass through. pytest's tmp_path is 0700, and a process
+    kernel running as a uid of its own must reach its home and data folders by path."""
+    path = Path(tempfile.mkdtemp(prefix="bai-agent-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

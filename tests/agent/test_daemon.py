@@ -32,8 +32,8 @@ def make_agent(manager, tmp_path, token: str = "good-token") -> Agent:
 
 
 @pytest_asyncio.fixture
-async def running(manager, tmp_path):
-    agent = make_agent(manager, tmp_path)
+async def running(manager, base_dir):
+    agent = make_agent(manager, base_dir)
     task = asyncio.create_task(agent.run())
     yield agent
     kernels = [k.kernel_id for k in await agent.backend.list_kernels()]

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 from decimal import Decimal
 
 import pytest
 
-from agent.backends.base import render_env_file, render_ssh_environment, trim_tail
-from agent.backends.docker import RUNNER, Dechunker, Demuxer, network_driver, runner_environment
+from agent.backends.base import (
+    MIN_CPU,
+    MIN_MEM,
+    kernel_limits,
+    render_env_file,
+    render_ssh_environment,
+    trim_tail,
+)
+from agent.backends.docker import RUNNER, Dechunker, Demuxer, network_driver, write_kernel_home
 from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem
 
 
@@ -31,6 +39,16 @@ def test_the_command_line_gives_a_config_with_overrides_and_labels():
     assert cfg.pull is False
     assert "T" not in repr(cfg)  # the token never shows up in a repr (or a log of one)
     assert capacity(cfg) == {"cpu": "2.5", "mem": str(4 * 2**30), "cuda.device": "1"}
+
+
+def test_kernel_flags_set_the_tmp_size_and_the_process_kernels_uid_base():
+    base = ["--manager", "ws://127.0.0.1:8000", "--token", "T"]
+    cfg, _ = config_from_args(base)
+    assert (cfg.kernel_tmp_size, cfg.kernel_uid_base) == (256 * 2**20, 2_000_000_000)
+    cfg, _ = config_from_args(base + ["--kernel-tmp-size", "1g", "--kernel-uid-base", "3000000"])
+    assert (cfg.kernel_tmp_size, cfg.kernel_uid_base) == (2**30, 3_000_000)
+    with pytest.raises(SystemExit):
+        config_from_args(base + ["--kernel-uid-base", "0"])
 
 
 def test_capacity_is_read_from_proc_and_narrowed_by_cgroups(tmp_path):
@@ -89,19 +107,13 @@ def test_the_log_decoders_rebuild_the_stream_from_any_split(split):
     assert dechunk.done
 
 
-def _run_runner(tmp_path, env, ssh, command):
+def _run_runner(home, command):
     """Run the kernel runner with /bin/sh in a scratch HOME (no sshd: its path is
     swapped for one that does not exist, so nothing listens on the host)."""
-    script = RUNNER.replace("/usr/sbin/sshd", str(tmp_path / "no-sshd"))
-    full_env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        **env,
-        **runner_environment(env, ssh),
-    }
+    script = RUNNER.replace("/usr/sbin/sshd", str(home / "no-sshd"))
     return subprocess.run(
         ["/bin/sh", "-c", script, "bai-runner", command],
-        env=full_env,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
         capture_output=True,
         text=True,
         timeout=10,
@@ -109,18 +121,16 @@ def _run_runner(tmp_path, env, ssh, command):
     )
 
 
-def test_the_runner_writes_the_session_keys_with_strict_modes_and_hides_its_variables(tmp_path):
+def test_the_kernel_home_holds_the_session_keys_with_strict_modes(tmp_path):
     ssh = {"private_key": "PRIV\n", "public_key": "ssh-ed25519 K"}
-    out = _run_runner(
-        tmp_path, {"BACKENDAI_CLUSTER_HOST": "sub1"}, ssh, "env | grep -c BAI_RUNNER_ || true"
-    )
-    assert out.stdout.strip() == "0"  # the user's command never sees the runner's variables
-    home = tmp_path
+    home = tmp_path / "home"
+    write_kernel_home(home, {"BACKENDAI_CLUSTER_HOST": "sub1"}, ssh)
     modes = {
         name: oct((home / name).stat().st_mode & 0o777)
-        for name in (".ssh", ".ssh/id_session", ".ssh/authorized_keys", ".ssh/config")
+        for name in ("", ".ssh", ".ssh/id_session", ".ssh/authorized_keys", ".ssh/config")
     }
     assert modes == {
+        "": "0o700",
         ".ssh": "0o700",
         ".ssh/id_session": "0o600",
         ".ssh/authorized_keys": "0o600",
@@ -132,17 +142,42 @@ def test_the_runner_writes_the_session_keys_with_strict_modes_and_hides_its_vari
     assert "Host main* sub*" in config and "Port 2200" in config
     assert (home / ".ssh/environment").read_text() == "BACKENDAI_CLUSTER_HOST=sub1\n"
     assert "BACKENDAI_CLUSTER_HOST" in (home / ".backendai_env").read_text()
+    assert "PermitUserEnvironment yes" in (home / ".backendai/sshd_config").read_text()
+    if os.geteuid() == 0:  # handed to the kernel user: ssh refuses keys it does not own
+        assert {(p.stat().st_uid, p.stat().st_gid) for p in home.rglob("*")} == {(1000, 1000)}
 
 
 def test_without_ssh_keys_no_ssh_files_are_written(tmp_path):
-    _run_runner(tmp_path, {}, None, "true")
-    assert not (tmp_path / ".ssh").exists()
+    write_kernel_home(tmp_path / "home", {}, None)
+    assert not (tmp_path / "home" / ".ssh").exists()
+    assert not (tmp_path / "home" / ".backendai" / "sshd_config").exists()
 
 
 def test_the_runner_exits_with_the_startup_commands_code(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failed:
-        _run_runner(tmp_path, {}, None, "exit 3")
+        _run_runner(tmp_path, "exit 3")
     assert failed.value.returncode == 3
+
+
+def test_the_runner_carries_no_secret():
+    assert "PRIVATE" not in RUNNER and "BAI_RUNNER_" not in RUNNER
+
+
+@pytest.mark.parametrize(
+    ("slots", "cpu", "mem", "raised"),
+    [
+        ({"cpu": "2", "mem": "1073741824"}, Decimal(2), 2**30, ()),
+        ({"cpu": "0.0000000001", "mem": 0.5}, MIN_CPU, MIN_MEM, ("cpu", "mem")),
+        ({}, MIN_CPU, MIN_MEM, ("cpu", "mem")),
+        ({"cpu": "0", "mem": "-5"}, MIN_CPU, MIN_MEM, ("cpu", "mem")),
+        ({"cpu": "NaN", "mem": "Infinity"}, MIN_CPU, MIN_MEM, ("cpu", "mem")),
+        ({"cpu": "1", "mem": str(6 * 2**20)}, Decimal(1), MIN_MEM, ("mem",)),
+        ({"cpu": "0.01", "mem": str(MIN_MEM)}, MIN_CPU, MIN_MEM, ()),
+    ],
+)
+def test_a_kernel_always_gets_limits_never_below_the_agents_floor(slots, cpu, mem, raised):
+    limits = kernel_limits(slots)
+    assert (limits.cpu, limits.mem, limits.raised) == (cpu, mem, raised)
 
 
 @pytest.mark.parametrize(

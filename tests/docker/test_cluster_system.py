@@ -4,7 +4,9 @@ of a multi-node cluster would."""
 
 from __future__ import annotations
 
+import json
 import signal
+import stat
 
 import pytest
 
@@ -162,6 +164,18 @@ def test_a_multi_node_cluster_of_three_spans_two_agents_and_behaves_as_one(
     assert (code, out) == (0, "sub1"), out
     code, out = _exec(main1, "ssh -o BatchMode=yes sub1 'echo $BACKENDAI_CLUSTER_HOST'")
     assert (code, out) == (0, "sub1"), out
+    # ... and yet no part of the session's private key shows in docker inspect.
+    key_lines = [
+        line
+        for line in Session.objects.get(pk=session_id).ssh_private_key.splitlines()
+        if line and not line.startswith("-----")
+    ]
+    assert key_lines
+    for container in containers.values():
+        inspected = json.dumps(engine.api.inspect_container(container.id))
+        assert not [line for line in key_lines if line in inspected]
+    folder_mode = DataFolder.objects.get(name="shared").host_path.stat().st_mode
+    assert stat.S_IMODE(folder_mode) & 0o007 == 0  # nothing for other users
 
     # Terminating leaves no container and no network behind.
     response = api(alice).post(f"/api/v1/sessions/{session_id}/terminate/", {}, format="json")

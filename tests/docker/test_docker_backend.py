@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from agent import protocol
+from agent.backends.base import nofile_limit
 from agent.backends.docker import L_AGENT_KEY, DockerBackend
 from agent.config import AgentConfig
 
@@ -182,7 +185,10 @@ async def test_a_cluster_shares_one_internal_network_env_and_data_folder(
         assert "no-new-privileges" in host["SecurityOpt"]
         assert host["NanoCpus"] == 500_000_000
         assert host["Memory"] == 128 * 1024**2
-        assert [m["Source"] for m in info["Mounts"]] == [str(folder)]
+        assert {m["Destination"]: m["Source"] for m in info["Mounts"]} == {
+            "/home/work": str(backend.home_dir(k["kernel_id"])),
+            "/home/work/shared": str(folder),
+        }
         code, out = exec_out(
             docker_client, ids[k["hostname"]], "id -u; echo $BACKENDAI_CLUSTER_HOST"
         )
@@ -215,6 +221,9 @@ async def test_a_cluster_shares_one_internal_network_env_and_data_folder(
     code, out = exec_out(docker_client, ids["main1"], "cat ~/shared/from-sub2")
     assert out == "shared-data\n"
     assert (folder / "from-sub2").stat().st_uid == 1000
+    if os.geteuid() == 0:  # the folder is the kernel user's, and nobody else's
+        st = folder.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1000, 1000, 0o2770)
 
 
 async def test_batch_kernels_report_exit_codes_and_keep_their_log_tail(backend, test_image):
@@ -296,11 +305,15 @@ async def test_a_missing_image_is_an_error_that_names_it(backend):
     )
 
 
-async def test_a_mount_outside_the_data_root_is_refused(backend, test_image):
+async def test_a_mount_outside_the_data_root_is_refused_and_never_mounted(
+    backend, docker_client, test_image
+):
     spec = cluster_spec(test_image, hosts=("main1",), mounts=[{"name": "x", "host_path": "/etc"}])
     await backend.create_kernels(spec)
     err = await backend.frames.wait_for(kernel_id=spec["session_id"], status="error")
     assert "outside the data root" in err["reason"]
+    assert not docker_client.api.containers(all=True, filters={"name": spec["session_id"]})
+    assert not backend.home_dir(spec["session_id"]).exists()
 
 
 async def test_the_terminal_echoes_resizes_and_reattaches(backend, test_image):
@@ -372,3 +385,87 @@ async def test_ssh_to_a_sub_kernel_works_from_main1(backend, docker_client):
     assert (code, out) == (0, "sub1 sub sub1 work\n")
     code, out = exec_out(docker_client, ids["main1"], "stat -c %a ~/.ssh ~/.ssh/id_session")
     assert out.split() == ["700", "600"]
+
+
+def _session_keys() -> dict[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    return {
+        "private_key": key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        ).decode(),
+        "public_key": key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode(),
+    }
+
+
+async def test_a_kernel_asking_for_almost_nothing_still_runs_under_real_limits(
+    backend, docker_client, test_image
+):
+    spec = cluster_spec(test_image, hosts=("main1",))
+    spec["kernels"][0]["slots"] = {"cpu": "0.0000000001", "mem": 0.5}
+    ids = await run_cluster(backend, spec)
+    host = docker_client.api.inspect_container(ids["main1"])["HostConfig"]
+    assert host["NanoCpus"] == 10_000_000  # 0.01 core, the agent's floor
+    assert host["Memory"] == 16 * 1024**2  # 16 MiB, the agent's floor
+    assert host["MemorySwap"] == 16 * 1024**2  # and no swap on top
+    assert host["PidsLimit"] == 4096
+
+
+async def test_a_container_writes_only_to_its_home_its_small_tmp_and_its_folders(
+    backend, docker_client, test_image, config
+):
+    folder = config.data_root / "alice" / "data"
+    spec = cluster_spec(
+        test_image, hosts=("main1",), mounts=[{"name": "data", "host_path": str(folder)}]
+    )
+    ids = await run_cluster(backend, spec)
+    cid = ids["main1"]
+    host = docker_client.api.inspect_container(cid)["HostConfig"]
+    assert host["ReadonlyRootfs"] is True
+    assert "size=67108864" in host["Tmpfs"]["/tmp"]  # half of its 128 MiB: under --kernel-tmp-size
+    assert {u["Name"]: u["Hard"] for u in host["Ulimits"]} == {"nofile": nofile_limit()}
+    code, out = exec_out(docker_client, cid, "touch /etc/x /usr/x /x 2>&1; echo rc=$?")
+    assert "Read-only file system" in out and out.strip().endswith("rc=1")
+    for path in ("~/note", "/tmp/note", "~/data/note"):
+        code, out = exec_out(docker_client, cid, f"echo hi > {path} && cat {path}")
+        assert (code, out) == (0, "hi\n"), path
+    code, out = exec_out(docker_client, cid, "df -k /tmp | tail -1")
+    assert out.split()[1] == str(64 * 1024)  # KiB
+    code, out = exec_out(docker_client, cid, "ulimit -n")
+    assert out.strip() == str(nofile_limit())
+    home = backend.home_dir(spec["session_id"])
+    assert (home / "note").read_text() == "hi\n"
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    if os.geteuid() == 0:
+        assert (home.stat().st_uid, home.stat().st_gid) == (1000, 1000)
+    await backend.destroy_kernels([spec["session_id"]], "done")
+    await backend.frames.wait_for(kernel_id=spec["session_id"], status="gone")
+    assert not home.exists()  # the home goes with the kernel
+
+
+async def test_docker_inspect_shows_no_part_of_the_sessions_private_key(
+    backend, docker_client, test_image
+):
+    ssh = _session_keys()
+    spec = cluster_spec(test_image, hosts=("main1", "sub1"), ssh=ssh)
+    ids = await run_cluster(backend, spec)
+    secret_lines = [
+        line for line in ssh["private_key"].splitlines() if line and not line.startswith("-----")
+    ]
+    assert secret_lines
+    for cid in ids.values():
+        inspected = json.dumps(docker_client.api.inspect_container(cid))
+        for line in secret_lines:
+            assert line not in inspected
+            assert line.replace("/", "\\/") not in inspected
+        # The kernel still has its key, where ssh looks for it.
+        code, out = exec_out(
+            docker_client, cid, "cat ~/.ssh/id_session; stat -c %a ~/.ssh/id_session"
+        )
+        assert out == ssh["private_key"].rstrip("\n") + "\n600\n"

@@ -8,6 +8,8 @@ folders, templates and sessions.
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import yaml
@@ -176,6 +178,20 @@ def test_a_folder_is_created_listed_and_deleted(as_alice, alice, settings):
     assert not DataFolder.objects.exists()
     assert not folder.host_path.exists()
     assert as_alice.get("/api/v1/folders/").json() == []
+
+
+def test_a_new_folder_is_the_kernel_users_and_not_world_writable(as_alice, alice, settings):
+    settings.BAI_STORAGE_ROOT.chmod(0o700)
+    response = as_alice.post("/api/v1/folders/", {"name": "private"}, format="json")
+    assert response.status_code == 201
+    path = DataFolder.objects.get(owner=alice, name="private").host_path
+    st = path.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o2770  # kernel user and group only; was 0777
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (1000, 1000)
+    # The directories above it may be passed through (process kernels follow the path).
+    for parent in (path.parent, settings.BAI_STORAGE_ROOT):
+        assert parent.stat().st_mode & 0o011 == 0o011
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "a b", "-x", ".hidden", "x" * 65, "ü"])

@@ -553,7 +553,32 @@ class DockerBackend(Backend):
     async def _create_container(
         self, state: KernelState, spec: dict[str, Any], kspec: dict[str, Any]
     ) -> None:
-        image = kspec["image"]
+        mounts = await self._data_mounts(kspec)
+        await self._ensure_image(state, kspec["image"])
+        env = {str(k): str(v) for k, v in (kspec.get("env") or {}).items()}
+        home = self.home_dir(state.kernel_id)
+        await self._call(write_kernel_home, home, env, spec.get("ssh"))
+        # The home first: the engine mounts by depth, so the data folders land inside it.
+        mounts.insert(0, Mount(target=HOME, source=str(home), type="bind"))
+        # A kernel alone in its session talks to no peer: no network at all
+        # (no route out either), and no network to create or remove.
+        alone = len(kspec.get("cluster_hosts") or [state.hostname]) <= 1
+        network_id = "none" if alone else await self._ensure_network(state)
+        try:
+            kwargs = self._container_config(state, kspec, env, mounts, network_id)
+            state.container_id = await self._call(self._create_or_replace, state, kwargs)
+        except NotFound as exc:
+            if "network" not in str(exc).lower():
+                raise
+            # Another agent removed the session's network between our lookup and create.
+            network_id = await self._ensure_network(state)
+            kwargs = self._container_config(state, kspec, env, mounts, network_id)
+            state.container_id = await self._call(self._create_or_replace, state, kwargs)
+        await self._call(self.api.start, state.container_id)
+        self.set_status(state, protocol.KR_RUNNING, container_id=state.container_id)
+
+    async def _data_mounts(self, kspec: dict[str, Any]) -> list[Mount]:
+        """The session's data folders under the home, each checked against the data root."""
         mounts = []
         for mount in kspec.get("mounts") or []:
             name = mount["name"]
@@ -562,13 +587,36 @@ class DockerBackend(Backend):
             path = self.check_mount(mount["host_path"])
             await self._call(prepare_host_folder, path, KERNEL_UID, KERNEL_GID)
             mounts.append(Mount(target=f"{HOME}/{name}", source=str(path), type="bind"))
-        await self._ensure_image(state, image)
-        env = {str(k): str(v) for k, v in (kspec.get("env") or {}).items()}
-        home = self.home_dir(state.kernel_id)
-        await self._call(write_kernel_home, home, env, spec.get("ssh"))
+        return mounts
+
+    def _container_config(
+        self,
+        state: KernelState,
+        kspec: dict[str, Any],
+        env: dict[str, str],
+        mounts: list[Mount],
+        network_id: str,
+    ) -> dict[str, Any]:
+        """The engine's create arguments: limits always set, a read-only root, no privileges."""
         limits = self.limits_for(state, kspec.get("slots") or {})
         tmp_size = min(self.config.kernel_tmp_size, limits.mem // 2)
         nofile = nofile_limit()
+        alone = network_id == "none"
+        host_config = self.api.create_host_config(
+            network_mode=network_id,
+            nano_cpus=int(limits.cpu * Decimal(10**9)),
+            mem_limit=limits.mem,
+            memswap_limit=limits.mem,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            privileged=False,
+            pids_limit=PIDS_LIMIT,
+            ulimits=[Ulimit(name="nofile", soft=nofile, hard=nofile)],
+            read_only=True,
+            tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={tmp_size},mode=1777"},
+            mounts=mounts,
+        )
+        endpoint = {network_id: self.api.create_endpoint_config(aliases=[state.hostname])}
         labels = {
             L_SESSION: state.session_id,
             L_KERNEL: state.kernel_id,
@@ -578,71 +626,31 @@ class DockerBackend(Backend):
             L_NETWORK: state.extra["network"],
             L_MANAGED: "true",
         }
-        command = [kspec["startup_command"]] if kspec.get("startup_command") else []
-        # The home first: the engine mounts by depth, so the data folders land inside it.
-        mounts.insert(0, Mount(target=HOME, source=str(home), type="bind"))
+        return dict(
+            image=kspec["image"],
+            command=[kspec["startup_command"]] if kspec.get("startup_command") else [],
+            entrypoint=["/bin/sh", "-c", RUNNER, "bai-runner"],
+            hostname=state.hostname,
+            user=f"{KERNEL_UID}:{KERNEL_GID}",
+            environment=env,
+            labels=labels,
+            name=f"bai-{state.kernel_id}",
+            working_dir=HOME,
+            host_config=host_config,
+            networking_config=None if alone else self.api.create_networking_config(endpoint),
+            detach=True,
+        )
 
-        # A kernel alone in its session talks to no peer: no network at all
-        # (no route out either), and no network to create or remove.
-        alone = len(kspec.get("cluster_hosts") or [state.hostname]) <= 1
-
-        def create(network_id: str) -> str:
-            host_config = self.api.create_host_config(
-                network_mode="none" if alone else network_id,
-                nano_cpus=int(limits.cpu * Decimal(10**9)),
-                mem_limit=limits.mem,
-                memswap_limit=limits.mem,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                privileged=False,
-                pids_limit=PIDS_LIMIT,
-                ulimits=[Ulimit(name="nofile", soft=nofile, hard=nofile)],
-                read_only=True,
-                tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={tmp_size},mode=1777"},
-                mounts=mounts,
-            )
-            networking = (
-                None
-                if alone
-                else self.api.create_networking_config(
-                    {network_id: self.api.create_endpoint_config(aliases=[state.hostname])}
-                )
-            )
-            kwargs = dict(
-                image=image,
-                command=command,
-                entrypoint=["/bin/sh", "-c", RUNNER, "bai-runner"],
-                hostname=state.hostname,
-                user=f"{KERNEL_UID}:{KERNEL_GID}",
-                environment=env,
-                labels=labels,
-                name=f"bai-{state.kernel_id}",
-                working_dir=HOME,
-                host_config=host_config,
-                networking_config=networking,
-                detach=True,
-            )
-            try:
-                return self.api.create_container(**kwargs)["Id"]
-            except APIError as exc:
-                if exc.status_code != 409:
-                    raise
-            # A container of that name is left from an interrupted create: replace it.
-            log.warning("replacing stale container bai-%s", state.kernel_id)
-            self.api.remove_container(f"bai-{state.kernel_id}", force=True)
-            return self.api.create_container(**kwargs)["Id"]
-
-        network_id = "none" if alone else await self._ensure_network(state)
+    def _create_or_replace(self, state: KernelState, kwargs: dict[str, Any]) -> str:
         try:
-            state.container_id = await self._call(create, network_id)
-        except NotFound as exc:
-            if "network" not in str(exc).lower():
+            return str(self.api.create_container(**kwargs)["Id"])
+        except APIError as exc:
+            if exc.status_code != 409:
                 raise
-            # Another agent removed the session's network between our lookup and create.
-            network_id = await self._ensure_network(state)
-            state.container_id = await self._call(create, network_id)
-        await self._call(self.api.start, state.container_id)
-        self.set_status(state, protocol.KR_RUNNING, container_id=state.container_id)
+        # A container of that name is left from an interrupted create: replace it.
+        log.warning("replacing stale container bai-%s", state.kernel_id)
+        self.api.remove_container(f"bai-{state.kernel_id}", force=True)
+        return str(self.api.create_container(**kwargs)["Id"])
 
     # --- networks -----------------------------------------------------------------------
 

@@ -309,12 +309,7 @@ class ProcessBackend(Backend):
         hostname = kspec["hostname"]
         if "/" in session_id or "/" in hostname or hostname in ("", ".", ".."):
             raise KernelError(f"bad session id or hostname: {session_id!r} {hostname!r}")
-        folders = {}  # all refused before anything is made
-        for mount in kspec.get("mounts") or []:
-            name = mount["name"]
-            if "/" in name or name in ("", ".", ".."):
-                raise KernelError(f"bad data folder name {name!r}")
-            folders[name] = self.check_mount(mount["host_path"])
+        folders = self._checked_folders(kspec)  # all refused before anything is made
         if ident is not None:
             uid, gid = ident
             owner: tuple[int | None, int | None] = (uid, gid)
@@ -323,14 +318,7 @@ class ProcessBackend(Backend):
             owner = (None, None)
         sdir = self.work_dir / session_id
         kdir = sdir / hostname
-        sdir.mkdir(mode=0o711, parents=True, exist_ok=True)
-        sdir.chmod(0o711)
-        kdir.mkdir(mode=0o700, exist_ok=True)
-        (kdir / ".tmp").mkdir(mode=0o700, exist_ok=True)
-        if ident is not None:
-            for path in (kdir, kdir / ".tmp"):
-                os.chown(path, uid, gid)
-                path.chmod(0o700)
+        self._make_home(sdir, kdir, ident)
         for name, target in folders.items():
             prepare_host_folder(target, uid, gid)
             link = kdir / name
@@ -371,6 +359,28 @@ class ProcessBackend(Backend):
             "mem": limits.mem,
         }
         return proc, info
+
+    def _checked_folders(self, kspec: dict[str, Any]) -> dict[str, Path]:
+        """The data folders by name, each inside the data root (else KernelError)."""
+        folders = {}
+        for mount in kspec.get("mounts") or []:
+            name = mount["name"]
+            if "/" in name or name in ("", ".", ".."):
+                raise KernelError(f"bad data folder name {name!r}")
+            folders[name] = self.check_mount(mount["host_path"])
+        return folders
+
+    @staticmethod
+    def _make_home(sdir: Path, kdir: Path, ident: tuple[int, int] | None) -> None:
+        """The session dir (the agent's, searchable) and the kernel's private home."""
+        sdir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        sdir.chmod(0o711)
+        kdir.mkdir(mode=0o700, exist_ok=True)
+        (kdir / ".tmp").mkdir(mode=0o700, exist_ok=True)
+        if ident is not None:
+            for path in (kdir, kdir / ".tmp"):
+                os.chown(path, *ident)
+                path.chmod(0o700)
 
     def _identity(self, uid: int | None, gid: int | None) -> dict[str, Any]:
         """Popen arguments that run a kernel's process as the kernel (root agents only)."""

@@ -4,6 +4,7 @@ messages for validation errors)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -43,6 +44,16 @@ class NotFound(ApplicationError):
     status_code = status.HTTP_404_NOT_FOUND
 
 
+class TooManyRequests(ApplicationError):
+    """Refused for now: ``extra.retry_after`` (and the Retry-After header) says for how long."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, {"retry_after": retry_after})
+        self.retry_after = retry_after
+
+
 def field_error(field: str, message: str) -> InvalidInput:
     return InvalidInput(f"{field}: {message}", {field: [message]})
 
@@ -66,7 +77,12 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
-        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+        headers = (
+            {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooManyRequests) else None
+        )
+        return Response(
+            {"message": exc.message, "extra": exc.extra}, status=exc.status_code, headers=headers
+        )
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -79,6 +95,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         first = next(iter(fields.items()), ("input", ["invalid"]))
         message = f"{first[0]}: {first[1][0]}" if first[0] != "non_field_errors" else first[1][0]
         response.data = {"message": message, "extra": {"fields": fields}}
+    elif isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
+        # Retry-After says the same, in a header (DRF sets it from exc.wait).
+        response.data = {"message": str(exc.detail), "extra": {"retry_after": math.ceil(exc.wait)}}
     else:
         detail = getattr(exc, "detail", str(exc))
         response.data = {"message": str(detail), "extra": {}}

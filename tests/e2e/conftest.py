@@ -104,8 +104,6 @@ def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str
         BAI_CHANNEL_PREFIX=channel_prefix,
         BAI_VAR_DIR=str(tmp_path / "var"),
         BAI_AGENT_HEARTBEAT_INTERVAL="1",
-        ALLOWED_HOSTS="127.0.0.1,localhost",
-        DEBUG="false",  # the pages users see, not Django's debug pages
     )
     if "postgresql" not in db["ENGINE"]:
         pytest.skip("the live server shares the test database: run on PostgreSQL")

@@ -4,6 +4,10 @@ driven by Playwright (never a downloaded browser).
 
 Outside CI a missing part (Chromium, Docker, the kernel images) skips with the
 reason; under ``CI=true`` it fails.
+
+Pages send a Content-Security-Policy without 'unsafe-eval': give
+``wait_for_function`` a function (``"() => window.wsReady === true"``), never
+a bare expression, which Playwright would evaluate with ``eval`` in the page.
 """
 
 from __future__ import annotations
@@ -278,7 +282,7 @@ def login(browser, live_server_url, shot):
         page.wait_for_load_state()
         if "/login/" in page.url:
             raise AssertionError(f"login as {username} failed: {page.inner_text('main')[:500]}")
-        page.wait_for_function("window.wsReady === true")
+        page.wait_for_function("() => window.wsReady === true")
         return page
 
     yield do

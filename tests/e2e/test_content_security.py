@@ -76,6 +76,15 @@ def test_every_page_renders_under_the_policy_from_its_own_host_only(
         violations.extend(f"{path}: {v}" for v in page.evaluate("window.cspViolations"))
 
     visit("/login/", "login")
+    for _ in range(5):  # another name, locked out from here: the lockout page is a page too
+        page.fill("#id_username", "mallory")
+        page.fill("#id_password", "guess")
+        page.click("button[type=submit]")
+        page.wait_for_load_state()
+    page.wait_for_selector("#lockout")
+    shot(page, "lockout")
+    violations.extend(f"lockout: {v}" for v in page.evaluate("window.cspViolations"))
+    page.goto(f"{live_server_url}/login/")
     page.fill("#id_username", "root")
     page.fill("#id_password", "root-pass-123")
     page.click("button[type=submit]")

@@ -27,6 +27,8 @@ PRODUCTION = env_bool("BAI_PRODUCTION", False)
 DEBUG = env_bool("BAI_DEBUG", False)
 if DEBUG and PRODUCTION:
     raise ImproperlyConfigured("BAI_DEBUG must not be set when BAI_PRODUCTION=true")
+# Even then, error reports hide every URL, host and location that may carry a password.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "sessions_app.errors.SettingsReporterFilter"
 
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:

@@ -5,10 +5,12 @@ messages for validation errors)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
+from django.views.debug import SafeExceptionReporterFilter
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
 from rest_framework.response import Response
@@ -102,3 +104,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         detail = getattr(exc, "detail", str(exc))
         response.data = {"message": str(detail), "extra": {}}
     return response
+
+
+class SettingsReporterFilter(SafeExceptionReporterFilter):
+    """Django's filter of what error reports show, which also hides the URLs
+    that carry passwords (database, Redis, broker) and the hosts and
+    locations built from them: debug pages (BAI_DEBUG=1) never show them."""
+
+    hidden_settings = re.compile(
+        "API|TOKEN|KEY|SECRET|PASS|SIGNATURE|HTTP_COOKIE|_URL$|^hosts$|^LOCATION$",
+        flags=re.IGNORECASE,
+    )

@@ -119,8 +119,13 @@ def test_the_host_the_run_command_serves_on_is_allowed_too(tmp_path):
     assert settings["allowed_hosts"] == ["localhost", "127.0.0.1", "[::1]", "10.1.2.3"]
 
 
-def test_debug_pages_are_an_explicit_opt_in(tmp_path):
-    assert _settings_in_a_fresh_process(tmp_path, BAI_DEBUG="1")["debug"] is True
+def test_debug_pages_are_an_explicit_opt_in_that_still_hides_the_database_url(tmp_path):
+    settings = _settings_in_a_fresh_process(tmp_path, BAI_DEBUG="1")
+
+    assert settings["debug"] is True
+    assert "a bug" in settings["crash_body"]  # the debug page, with the traceback
+    assert "DATABASE_URL" in settings["crash_body"]
+    assert DB_PASSWORD not in settings["crash_body"]
 
 
 def test_debug_is_refused_in_production(tmp_path):

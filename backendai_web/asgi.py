@@ -1,8 +1,10 @@
 """ASGI entry point: HTTP through Django, websockets through Channels.
 
-Browser websockets (sessions_app) are checked for origin and login; the agent
-gateway (scheduler_app) authenticates agents by token itself, since agents
-are not browsers and send no Origin.
+Browser websockets (sessions_app) are checked for origin and login: the
+Origin must be this very site, host and port (see ``SameOriginValidator``:
+channels' ``AllowedHostsOriginValidator`` ignores the port, so any other page
+on localhost would pass). The agent gateway (scheduler_app) authenticates
+agents by token itself, since agents are not browsers and send no Origin.
 """
 
 import os
@@ -14,11 +16,10 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from scheduler_app.routing import websocket_urlpatterns as agent_patterns  # noqa: E402
-from sessions_app.auth import TokenAuthMiddleware  # noqa: E402
+from sessions_app.auth import SameOriginValidator, TokenAuthMiddleware  # noqa: E402
 from sessions_app.routing import websocket_urlpatterns as browser_patterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -29,7 +30,7 @@ application = ProtocolTypeRouter(
                 *agent_patterns,
                 re_path(
                     r"^ws/",
-                    AllowedHostsOriginValidator(
+                    SameOriginValidator(
                         AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(browser_patterns)))
                     ),
                 ),

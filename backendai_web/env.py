@@ -8,6 +8,7 @@ silently replaced by a default.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -62,3 +63,36 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def persistent_secret(path: Path) -> str:
+    """The secret stored at ``path``, generated on first use.
+
+    The file is written whole under a temporary name with mode 0600 and then
+    hard-linked into place, so a process that starts at the same moment reads
+    either nothing (and links its own, which fails) or the complete key: every
+    process of one checkout ends up with the same key.
+    """
+    from django.core.management.utils import get_random_secret_key
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(get_random_secret_key() + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process won the race: use its key
+        finally:
+            tmp.unlink(missing_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    secret = path.read_text().strip()
+    if len(secret) < 50:
+        raise ImproperlyConfigured(
+            f"{path} holds no usable secret key: delete it to make a new one"
+        )
+    return secret

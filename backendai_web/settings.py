@@ -1,32 +1,48 @@
 """One settings module; every value comes from the environment (see env.py).
 
-The defaults give a working checkout: SQLite in ./var, a Redis on loopback
-(the run command starts an embedded one), DEBUG on. Production sets
-BAI_PRODUCTION=true, which turns DEBUG off, requires SECRET_KEY and the
-database/redis URLs, and enables the secure-cookie/HSTS settings that
-`manage.py check --deploy` asks for.
+The defaults give a working checkout that is safe to run: SQLite in ./var, a
+Redis on loopback (the run command starts an embedded one), DEBUG off, a
+secret key generated once into var/secret_key, and only loopback host names.
+Debug pages are an explicit opt-in (BAI_DEBUG=1) that the run command never
+uses. Production sets BAI_PRODUCTION=true, which requires SECRET_KEY, the
+database URL and ALLOWED_HOSTS, and enables the secure-cookie/HSTS settings
+that `manage.py check --deploy` asks for.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import env_bool, env_float, env_int, env_list, env_str
+from .env import env_bool, env_float, env_int, env_list, env_str, persistent_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BAI_VAR_DIR", str(BASE_DIR / "var")))
 
 PRODUCTION = env_bool("BAI_PRODUCTION", False)
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+# Debug pages show every setting (the database password too) to whoever makes
+# a request crash: only ever by an explicit opt-in, never in production.
+DEBUG = env_bool("BAI_DEBUG", False)
+if DEBUG and PRODUCTION:
+    raise ImproperlyConfigured("BAI_DEBUG must not be set when BAI_PRODUCTION=true")
+# Even then, error reports hide every URL, host and location that may carry a password.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "sessions_app.errors.SettingsReporterFilter"
 
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:
     if PRODUCTION:
         raise ImproperlyConfigured("SECRET_KEY must be set when BAI_PRODUCTION=true")
-    SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production-0123456789abcdef"
+    SECRET_KEY = persistent_secret(VAR_DIR / "secret_key")
 
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["*"])
+# The address the run command serves on; its name is an allowed host too.
+BAI_HOST = env_str("BAI_HOST", "127.0.0.1")
+_LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+_bind_host = f"[{BAI_HOST}]" if ":" in BAI_HOST else BAI_HOST
+# A wildcard bind address names no host: say which names to allow in ALLOWED_HOSTS.
+_bind_names = [] if _bind_host in ("", "0.0.0.0", "[::]", *_LOOPBACK_HOSTS) else [_bind_host]
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else _LOOPBACK_HOSTS + _bind_names)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -38,8 +54,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
+    "csp",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "sessions_app",
     "scheduler_app",
@@ -47,7 +66,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "sessions_app.middleware.BodySizeLimitMiddleware",
+    "sessions_app.middleware.JsonDepthLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -55,6 +76,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "backendai_web.urls"
@@ -80,20 +103,34 @@ _default_db = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASE_URL = env_str("DATABASE_URL", "" if PRODUCTION else _default_db)
 if not DATABASE_URL:
     raise ImproperlyConfigured("DATABASE_URL must be set when BAI_PRODUCTION=true")
-# Connections are kept (and health-checked) between requests, tasks and
-# websocket handlers: opening one costs milliseconds on every status change.
+# With CONN_HEALTH_CHECKS the pool replaces a connection the server closed (a
+# restart) instead of handing it out.
 DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL,
-        conn_max_age=env_int("BAI_DB_CONN_MAX_AGE", 60, minimum=0),
-        conn_health_checks=True,
-    )
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+BAI_DB_POOL_MIN = env_int("BAI_DB_POOL_MIN", 2, minimum=0)
+BAI_DB_POOL_MAX = env_int("BAI_DB_POOL_MAX", 10, minimum=1)
+BAI_DB_POOL_TIMEOUT = env_float("BAI_DB_POOL_TIMEOUT", 30.0, minimum=0.1)
+if BAI_DB_POOL_MIN > BAI_DB_POOL_MAX:
+    raise ImproperlyConfigured(
+        f"BAI_DB_POOL_MIN={BAI_DB_POOL_MIN} is above BAI_DB_POOL_MAX={BAI_DB_POOL_MAX}"
+    )
+DATABASES["default"].setdefault("OPTIONS", {})
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # One bounded pool per process. Without it every thread that touched the
+    # database (daphne runs each request in a thread of its own) kept its own
+    # connection: a burst of API clients exhausted PostgreSQL's connections.
+    # A request waits up to the timeout for a free connection instead.
+    # CONN_MAX_AGE stays 0: a connection goes back to the pool after each use.
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": BAI_DB_POOL_MIN,
+        "max_size": BAI_DB_POOL_MAX,
+        "timeout": BAI_DB_POOL_TIMEOUT,
+    }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Several processes (daphne, celery worker and beat) share the embedded
     # database file: wait for the write lock instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {})
     DATABASES["default"]["OPTIONS"].update(
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
@@ -102,6 +139,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out login before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -116,7 +158,11 @@ STATICFILES_DIRS = [
     # xterm.js and its fit addon come from npm (package.json), never committed.
     ("vendor/xterm", BASE_DIR / "node_modules" / "@xterm"),
 ]
-WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in a checkout
+# whitenoise serves static files with DEBUG off too, straight from the finders
+# (static/, the apps', node_modules' xterm): a checkout needs no collectstatic.
+WHITENOISE_USE_FINDERS = True
+if not PRODUCTION:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # empty; whitenoise warns if it is missing
 WHITENOISE_AUTOREFRESH = DEBUG
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -129,6 +175,8 @@ LOGOUT_REDIRECT_URL = "login"
 
 # Request bodies above this size are refused with 413 (the API says so).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("BAI_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
+# JSON bodies nested deeper than this are refused with 400 before anything parses them.
+BAI_MAX_JSON_DEPTH = env_int("BAI_MAX_JSON_DEPTH", 64, minimum=2)
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
@@ -138,6 +186,15 @@ CHANNEL_LAYERS = {
         # Ours keeps a send() to a channel of the same process local (no Redis).
         "BACKEND": "backendai_web.channel_layer.LocalFirstPubSubChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("BAI_CHANNEL_PREFIX", "bai")},
+    }
+}
+
+# Shared by every process: the API's login-failure counters live here.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env_str("BAI_CACHE_PREFIX", "bai"),
     }
 }
 
@@ -153,9 +210,47 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-timeouts": {"task": "scheduler_app.tasks.sweep_timeouts", "schedule": 10.0},
 }
 
+# --- login, tokens, content security policy --------------------------------
+# Failed logins per user name and client address before that pair is refused
+# for the cool-off: the login pages through django-axes, the token endpoint
+# through a DRF throttle (which also refuses an address after ten times as
+# many failures over any user names).
+BAI_LOGIN_FAILURE_LIMIT = env_int("BAI_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+BAI_LOGIN_COOLOFF = env_int("BAI_LOGIN_COOLOFF", 300, minimum=1)
+AXES_FAILURE_LIMIT = BAI_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=BAI_LOGIN_COOLOFF)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Attempts during a lockout do not extend it, so the page can say when it ends.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "sessions_app.auth.login_lockout_response"
+AXES_WHITELIST_CALLABLE = "sessions_app.auth.axes_leaves_to_api_throttle"
+AXES_VERBOSE = False  # no banner on every start; lockouts are still logged
+
+# API tokens (django-rest-knox): stored hashed, sent as `Authorization: Token <token>`.
+BAI_TOKEN_TTL = env_int("BAI_TOKEN_TTL", 7 * 24 * 3600, minimum=60)
+REST_KNOX = {"TOKEN_TTL": timedelta(seconds=BAI_TOKEN_TTL), "AUTH_HEADER_PREFIX": "Token"}
+
+# No inline script anywhere and nothing from another host. Styles may be
+# inline: xterm.js and Swagger UI insert <style> elements as they render.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "sessions_app.tokens.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -168,6 +263,12 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from the drf-spectacular-sidecar package, served by the project.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # No badge fetched from validator.swagger.io.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # --- domain settings -------------------------------------------------------

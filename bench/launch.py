@@ -49,7 +49,6 @@ def start_system(
         "REDIS_URL": redis_url,
         "BAI_STORAGE_ROOT": str(tmp / "storage"),
         "BAI_CHANNEL_PREFIX": "bench",
-        "DEBUG": "false",
         "LOG_LEVEL": "WARNING",
     }
     py = sys.executable
@@ -58,9 +57,9 @@ def start_system(
     setup = (
         "from django.contrib.auth.models import User;"
         "from sessions_app.models import Agent, Image, ResourceGroup;"
-        "from rest_framework.authtoken.models import Token;"
+        "from sessions_app.tokens import token_create;"
         "u=User.objects.create_superuser('bench','b@example.org','bench-pass');"
-        "print(Token.objects.create(user=u).key);"
+        "print(token_create(user=u)[1]);"
         "a=Agent(id='bench',resource_group=ResourceGroup.objects.get(name='default'));"
         "print(a.set_new_token()); a.save();"
         "Image.objects.get_or_create(reference=IMAGE)"

@@ -66,7 +66,6 @@ def ensure_database(url: str) -> None:
 def setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
-    os.environ.setdefault("DEBUG", "false")  # DEBUG keeps every query in memory
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "false")
     import django

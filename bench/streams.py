@@ -79,9 +79,9 @@ def setup_database() -> dict:
 
     call_command("migrate", verbosity=0)
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
 
     from sessions_app.models import Agent, Image, Kernel, ResourceGroup, ResourcePolicy, Session
+    from sessions_app.tokens import token_create
 
     group, _ = ResourceGroup.objects.get_or_create(name="default")
     ResourcePolicy.objects.get_or_create(
@@ -90,7 +90,7 @@ def setup_database() -> dict:
     for ref in ("bai-kernel/minimal:1", "bai-kernel/python:1"):
         Image.objects.get_or_create(reference=ref)
     user, _ = User.objects.get_or_create(username="bench")
-    token, _ = Token.objects.get_or_create(user=user)
+    _, token = token_create(user=user)
     # A fresh run: end what a previous run left behind.
     ended = ["TERMINATED", "ERROR", "CANCELLED"]
     Kernel.objects.filter(session__owner=user).exclude(status__in=ended).update(
@@ -104,7 +104,7 @@ def setup_database() -> dict:
     )
     agent_token = agent.set_new_token()
     agent.save()
-    return {"token": token.key, "agent_token": agent_token}
+    return {"token": token, "agent_token": agent_token}
 
 
 class Stack:
@@ -120,7 +120,6 @@ class Stack:
             **os.environ,
             "BAI_CHANNEL_PREFIX": self.prefix,
             "CELERY_TASK_ALWAYS_EAGER": "true",
-            "DEBUG": "false",
             "ALLOWED_HOSTS": "127.0.0.1",
             "LOG_LEVEL": "WARNING",
             "BAI_VAR_DIR": str(self.tmp / "var"),

@@ -64,9 +64,9 @@ def schedule_all() -> None:
 
 @shared_task(name="scheduler_app.tasks.sweep_lost_agents", ignore_result=True)
 def sweep_lost_agents() -> None:
-    from . import services
+    from . import reconcile
 
-    services.sweep_lost_agents()
+    reconcile.sweep_lost_agents()
 
 
 @shared_task(name="scheduler_app.tasks.sweep_timeouts", ignore_result=True)

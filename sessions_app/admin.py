@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
+from knox.models import AuthToken
 
 from . import services
 from . import slots as slotlib
@@ -29,6 +30,7 @@ from .models import (
     UserResourcePolicy,
 )
 from .templates import validate_template_spec
+from .tokens import token_is_expired, token_prefix
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -336,3 +338,39 @@ class SessionTemplateAdmin(admin.ModelAdmin):
 class DataFolderAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "created_at"]
     search_fields = ["name", "owner__username"]
+
+
+# knox's own admin lists tokens by digest and offers to make one: ours lists
+# them by prefix and expiry and only revokes (a token is made by its owner).
+if admin.site.is_registered(AuthToken):
+    admin.site.unregister(AuthToken)
+
+
+@admin.register(AuthToken)
+class AuthTokenAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "user", "created", "expiry", "expired"]
+    list_select_related = ["user"]
+    search_fields = ["user__username", "token_key"]
+    ordering = ["-created"]
+    fields = ["prefix", "user", "created", "expiry"]
+    readonly_fields = fields
+    actions = ["revoke_tokens"]
+
+    @admin.display(description="token")
+    def prefix(self, obj: AuthToken) -> str:
+        return f"{token_prefix(obj)}…"
+
+    @admin.display(boolean=True)
+    def expired(self, obj: AuthToken) -> bool:
+        return token_is_expired(obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected tokens", permissions=["delete"])
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[AuthToken]) -> None:
+        count, _ = queryset.delete()
+        self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)

@@ -3,22 +3,24 @@ the selectors, call one service, serialise."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.contrib.auth import authenticate
 from django.http import HttpResponse
 from django.utils import timezone
+from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import deadlines, selectors, services
-from .errors import ApplicationError, InvalidInput, NotFound
+from . import deadlines, selectors, services, tokens
+from .auth import LoginFailureThrottle
+from .errors import ApplicationError, InvalidInput, NotFound, TooManyRequests
 from .models import Kernel, Session, SessionTemplate
 from .specs import LAUNCH_SCHEMA, openapi_schema
 from .templates import export_template_document, parse_template_document
@@ -50,11 +52,23 @@ def _refuse_unknown_fields(request: Request, serializer: type[serializers.Serial
 # --- auth -------------------------------------------------------------------
 
 
+class ExpiringTokenScheme(KnoxTokenScheme):
+    """The schema's name for ``Authorization: Token <token>`` (ours extends knox's check)."""
+
+    target_class = "sessions_app.tokens.ExpiringTokenAuthentication"
+    name = "tokenAuth"
+
+
 class TokenCreateApi(APIView):
-    """Exchange a username and password for an API token."""
+    """Exchange a username and password for a new API token that expires.
+
+    Failed attempts are counted per user name and client address; past the
+    limit the answer is 429 with ``extra.retry_after`` (and ``Retry-After``).
+    """
 
     permission_classes = [AllowAny]
     authentication_classes: list[Any] = []
+    throttle_classes = [LoginFailureThrottle]
 
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -65,7 +79,10 @@ class TokenCreateApi(APIView):
 
     @extend_schema(
         request=InputSerializer,
-        responses=inline_serializer("Token", {"token": serializers.CharField()}),
+        responses=inline_serializer(
+            "Token",
+            {"token": serializers.CharField(), "expires_at": serializers.DateTimeField()},
+        ),
     )
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -76,9 +93,15 @@ class TokenCreateApi(APIView):
             password=data.validated_data["password"],
         )
         if user is None or not user.is_active:
+            LoginFailureThrottle.record_failure(request)
             raise ApplicationError("Wrong username or password.")
-        token, _ = Token.objects.get_or_create(user=user)
-        return Response({"token": token.key})
+        LoginFailureThrottle.record_success(request)
+        token, key = tokens.token_create(user=user)
+        return Response({"token": key, "expires_at": token.expiry})
+
+    def throttled(self, request: Request, wait: float | None) -> None:
+        seconds = math.ceil(wait or 1)
+        raise TooManyRequests(f"Too many failed logins: try again in {seconds} s.", seconds)
 
 
 # --- sessions ---------------------------------------------------------------

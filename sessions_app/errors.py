@@ -4,10 +4,13 @@ messages for validation errors)."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
+from django.views.debug import SafeExceptionReporterFilter
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
 from rest_framework.response import Response
@@ -49,6 +52,16 @@ class NotFound(ApplicationError):
     status_code = status.HTTP_404_NOT_FOUND
 
 
+class TooManyRequests(ApplicationError):
+    """Refused for now: ``extra.retry_after`` (and the Retry-After header) says for how long."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, {"retry_after": retry_after})
+        self.retry_after = retry_after
+
+
 def field_error(field: str, message: str) -> InvalidInput:
     return InvalidInput(f"{field}: {message}", {field: [message]})
 
@@ -72,7 +85,12 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
-        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+        headers = (
+            {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooManyRequests) else None
+        )
+        return Response(
+            {"message": exc.message, "extra": exc.extra}, status=exc.status_code, headers=headers
+        )
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -85,7 +103,21 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         first = next(iter(fields.items()), ("input", ["invalid"]))
         message = f"{first[0]}: {first[1][0]}" if first[0] != "non_field_errors" else first[1][0]
         response.data = {"message": message, "extra": {"fields": fields}}
+    elif isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
+        # Retry-After says the same, in a header (DRF sets it from exc.wait).
+        response.data = {"message": str(exc.detail), "extra": {"retry_after": math.ceil(exc.wait)}}
     else:
         detail = getattr(exc, "detail", str(exc))
         response.data = {"message": str(detail), "extra": {}}
     return response
+
+
+class SettingsReporterFilter(SafeExceptionReporterFilter):
+    """Django's filter of what error reports show, which also hides the URLs
+    that carry passwords (database, Redis, broker) and the hosts and
+    locations built from them: debug pages (BAI_DEBUG=1) never show them."""
+
+    hidden_settings = re.compile(
+        "API|TOKEN|KEY|SECRET|PASS|SIGNATURE|HTTP_COOKIE|_URL$|^hosts$|^LOCATION$",
+        flags=re.IGNORECASE,
+    )

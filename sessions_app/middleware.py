@@ -1,8 +1,11 @@
-"""Refuse oversized API bodies before anything reads them."""
+"""Refuse oversized or too deeply nested bodies before anything reads them."""
 
 from __future__ import annotations
 
+import re
+from array import array
 from collections.abc import Callable
+from itertools import accumulate
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -26,4 +29,41 @@ class BodySizeLimitMiddleware:
                 },
                 status=413,
             )
+        return self.get_response(request)
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Opening brackets become +1, closing ones -1 (as signed bytes); the rest goes.
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_nesting_depth(body: bytes) -> int:
+    """How deep arrays and objects nest in a JSON text, brackets inside
+    strings not counted. Linear in the size and never recursive: Python's own
+    parser recurses once per level and a body 100,000 levels deep crashes it."""
+    steps = _JSON_STRING.sub(b"", body).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    return max(accumulate(array("b", steps)), default=0)
+
+
+class JsonDepthLimitMiddleware:
+    """A JSON body nested deeper than ``BAI_MAX_JSON_DEPTH`` gets 400 before
+    any view parses it (the body is already bounded by the size limit)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        limit = settings.BAI_MAX_JSON_DEPTH
+        if request.content_type.endswith("json") and request.method not in ("GET", "HEAD"):
+            body = request.body
+            # Fewer brackets than the limit cannot nest deeper: the common case costs two counts.
+            if body.count(b"[") + body.count(b"{") > limit and json_nesting_depth(body) > limit:
+                return JsonResponse(
+                    {
+                        "message": f"The JSON body is nested deeper than {limit} levels.",
+                        "extra": {"limit": limit},
+                    },
+                    status=400,
+                )
         return self.get_response(request)

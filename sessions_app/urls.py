@@ -6,6 +6,13 @@ from . import views
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("profile/", views.profile, name="profile"),
+    path("profile/tokens/", views.profile_token_create, name="profile-token-create"),
+    path(
+        "profile/tokens/<str:token_id>/revoke/",
+        views.profile_token_revoke,
+        name="profile-token-revoke",
+    ),
     path("", views.session_list, name="session-list"),
     path("sessions/new/", views.session_new, name="session-new"),
     path("sessions/<str:session_id>/", views.session_detail, name="session-detail"),

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
 
-from . import selectors
+from . import selectors, tokens
 from .api import SessionDetailSerializer
 from .errors import NotFound
 from .models import Session
@@ -93,3 +97,51 @@ def session_terminal(request: HttpRequest, session_id: str) -> HttpResponse:
             "data": {"id": str(session.pk), "name": session.name, "status": session.status},
         },
     )
+
+
+def _duration(seconds: int) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} seconds"
+
+
+def _profile_page(request: HttpRequest, **extra: Any) -> HttpResponse:
+    now = timezone.now()
+    rows = [
+        {
+            "id": token.pk,
+            "prefix": tokens.token_prefix(token),
+            "created": token.created,
+            "expiry": token.expiry,
+            "expired": tokens.token_is_expired(token, now),
+        }
+        for token in tokens.tokens_for_user(user=request.user)
+    ]
+    context = {"tokens": rows, "ttl": _duration(settings.BAI_TOKEN_TTL), **extra}
+    return render(request, "profile.html", context)
+
+
+@login_required
+def profile(request: HttpRequest) -> HttpResponse:
+    """The user's own page: their API tokens (by prefix), each with a Revoke button."""
+    revoked = request.GET.get("revoked", "")[: tokens.PREFIX_LENGTH]
+    return _profile_page(request, revoked=revoked if revoked.isalnum() else "")
+
+
+@login_required
+@require_POST
+def profile_token_create(request: HttpRequest) -> HttpResponse:
+    # Rendered, not redirected: the token's plain text must not wait in a session or cookie.
+    _, key = tokens.token_create(user=request.user)
+    return _profile_page(request, new_token=key)
+
+
+@login_required
+@require_POST
+def profile_token_revoke(request: HttpRequest, token_id: str) -> HttpResponse:
+    token = tokens.tokens_for_user(user=request.user).filter(pk=token_id).first()
+    if token is None or not tokens.token_revoke(user=request.user, token_id=token_id):
+        raise Http404("No such token.")
+    return redirect(f"{reverse('profile')}?revoked={tokens.token_prefix(token)}")

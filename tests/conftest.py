@@ -17,9 +17,12 @@ IN_CI = os.environ.get("CI") == "true"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The test process closes its connections after each use, so that the test
-    # database can be dropped at the end (servers the tests start keep theirs).
+    # The test process opens a connection per thread and closes it after each
+    # use, without the pool (threads of concurrency tests would queue for it),
+    # so that the test database can be dropped at the end. The servers that
+    # tests start use the pool, as in production.
     settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+    settings.DATABASES["default"]["OPTIONS"].pop("pool", None)
     engine = settings.DATABASES["default"]["ENGINE"]
     if IN_CI and "postgresql" not in engine:
         raise pytest.UsageError(
@@ -49,6 +52,18 @@ def _celery_eager():
     settings.CELERY_TASK_ALWAYS_EAGER = True
     app.conf.task_always_eager = True
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(settings):
+    """A cache key prefix of this test's own: login-failure counters (the
+    token endpoint's throttle) of other tests and runs on this Redis stay out.
+    The login pages' lockouts (django-axes) live in the database, which each
+    test gets clean."""
+    import uuid
+
+    default = {**settings.CACHES["default"], "KEY_PREFIX": f"t{uuid.uuid4().hex[:10]}"}
+    settings.CACHES = {**settings.CACHES, "default": default}
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +130,17 @@ def make_agent(group):
 @pytest.fixture
 def agent(make_agent):
     return make_agent()
+
+
+@pytest.fixture
+def make_token():
+    """``make_token(user)`` → the plain text of a new API token of that user."""
+    from sessions_app.tokens import token_create
+
+    def make(user) -> str:
+        return token_create(user=user)[1]
+
+    return make
 
 
 @pytest.fixture

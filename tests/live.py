@@ -89,7 +89,8 @@ class LiveSystem:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self) -> LiveSystem:
+    def start(self, **extra_env: str) -> LiveSystem:
+        """Start daphne; ``extra_env`` adds to (or overrides) its environment."""
         from django.conf import settings
 
         self.port = free_port()
@@ -97,7 +98,7 @@ class LiveSystem:
             settings,
             BAI_CHANNEL_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
             BAI_VAR_DIR=str(self.tmp_path / "var"),
-            DEBUG="false",
+            **extra_env,
         )
         self.server_log = open(self.tmp_path / "daphne.log", "wb")  # noqa: SIM115
         self.server = subprocess.Popen(

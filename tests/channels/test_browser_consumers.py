@@ -27,7 +27,9 @@ from sessions_app.models import Kernel, Session, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# A page of the site itself: the Origin names the host (and port) the socket is opened on.
 ORIGIN = (b"origin", b"http://testserver")
+HOST = (b"host", b"testserver")
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +51,7 @@ def _cookie_for(user) -> bytes:
 
 
 async def browser(path: str, user=None, *, token: str | None = None, origin=ORIGIN):
-    headers = [origin] if origin else []
+    headers = [HOST, origin] if origin else [HOST]
     if user is not None:
         headers.append((b"cookie", await sync_to_async(_cookie_for)(user)))
     if token is not None:
@@ -193,21 +195,57 @@ async def test_the_sessions_stream_answers_pings_and_rejects_other_messages(alic
     await comm.disconnect()
 
 
-async def test_a_foreign_origin_is_refused_before_anything_else(alice, settings):
-    import importlib
+async def _connects(user, origin: bytes | None, host: bytes | None = b"localhost:8000") -> bool:
+    headers = [(b"cookie", await sync_to_async(_cookie_for)(user))]
+    headers += [(b"origin", origin)] if origin is not None else []
+    headers += [(b"host", host)] if host is not None else []
+    comm = WebsocketCommunicator(application, "/ws/sessions/", headers=headers)
+    connected, _ = await comm.connect()
+    if connected:
+        await comm.disconnect()
+    return connected
 
-    import backendai_web.asgi
 
-    # The origin check reads ALLOWED_HOSTS when the router is built: build it again.
-    settings.ALLOWED_HOSTS = ["testserver"]
-    strict = importlib.reload(backendai_web.asgi).application
-    cookie = (b"cookie", await sync_to_async(_cookie_for)(alice))
-    for origin, accepted in ((b"http://evil.example", False), (b"http://testserver", True)):
-        comm = WebsocketCommunicator(strict, "/ws/sessions/", headers=[(b"origin", origin), cookie])
-        connected, _ = await comm.connect()
-        assert connected is accepted, origin
-        if connected:
-            await comm.disconnect()
+@pytest.mark.parametrize(
+    "origin",
+    [
+        b"http://evil.example",
+        b"http://localhost:9999",  # another page served on this machine
+        b"http://127.0.0.1:8000",  # same port, another host name: another origin
+        b"https://localhost:8000.evil.example",
+        b"null",  # a sandboxed frame or a file:// page
+    ],
+)
+async def test_a_foreign_origin_is_refused_in_the_default_mode(alice, origin):
+    assert not await _connects(alice, origin)
+
+
+async def test_a_page_of_the_site_itself_may_open_a_socket_in_the_default_mode(alice):
+    assert await _connects(alice, b"http://localhost:8000")
+
+
+async def test_an_origin_without_a_host_header_is_refused(alice):
+    assert not await _connects(alice, b"http://localhost:8000", host=None)
+
+
+async def test_a_host_outside_allowed_hosts_is_refused_even_from_its_own_origin(alice):
+    assert not await _connects(alice, b"http://evil.example", host=b"evil.example")
+
+
+async def test_a_client_without_an_origin_is_not_logged_in_by_its_cookie(alice):
+    """Browsers always send an Origin: a client without one gets in only with a token."""
+    comm = WebsocketCommunicator(
+        application,
+        "/ws/sessions/",
+        headers=[HOST, (b"cookie", await sync_to_async(_cookie_for)(alice))],
+    )
+    await refused(comm, consumers.CLOSE_UNAUTHENTICATED)
+
+
+async def test_an_origin_listed_in_csrf_trusted_origins_is_accepted(alice, settings):
+    """A proxy in front may rewrite Host: its public origin is listed instead."""
+    settings.CSRF_TRUSTED_ORIGINS = ["https://bai.example.org"]
+    assert await _connects(alice, b"https://bai.example.org", host=b"localhost:8000")
 
 
 # --- terminal: refusals ----------------------------------------------------------
@@ -391,9 +429,9 @@ async def test_an_admin_may_attach_and_an_api_client_may_use_a_token(
     assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
     await comm.disconnect()
 
-    from rest_framework.authtoken.models import Token
+    from sessions_app.tokens import token_create
 
-    token = await sync_to_async(lambda: Token.objects.create(user=alice).key)()
+    token = await sync_to_async(lambda: token_create(user=alice)[1])()
     comm = await browser(_term_path(running, str(uuid.uuid4())), token=token, origin=None)
     assert (await comm.connect())[0]
     assert (await comm.receive_json_from(timeout=5))["type"] == "ready"

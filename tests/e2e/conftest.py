@@ -4,6 +4,10 @@ driven by Playwright (never a downloaded browser).
 
 Outside CI a missing part (Chromium, Docker, the kernel images) skips with the
 reason; under ``CI=true`` it fails.
+
+Pages send a Content-Security-Policy without 'unsafe-eval': give
+``wait_for_function`` a function (``"() => window.wsReady === true"``), never
+a bare expression, which Playwright would evaluate with ``eval`` in the page.
 """
 
 from __future__ import annotations
@@ -104,8 +108,6 @@ def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str
         BAI_CHANNEL_PREFIX=channel_prefix,
         BAI_VAR_DIR=str(tmp_path / "var"),
         BAI_AGENT_HEARTBEAT_INTERVAL="1",
-        ALLOWED_HOSTS="127.0.0.1,localhost",
-        DEBUG="false",  # the pages users see, not Django's debug pages
     )
     if "postgresql" not in db["ENGINE"]:
         pytest.skip("the live server shares the test database: run on PostgreSQL")
@@ -280,7 +282,7 @@ def login(browser, live_server_url, shot):
         page.wait_for_load_state()
         if "/login/" in page.url:
             raise AssertionError(f"login as {username} failed: {page.inner_text('main')[:500]}")
-        page.wait_for_function("window.wsReady === true")
+        page.wait_for_function("() => window.wsReady === true")
         return page
 
     yield do

@@ -26,7 +26,7 @@ def _launch(
     name: str | None = None,
 ):
     page.click("#launch-open")
-    page.wait_for_function("window.launchReady === true")
+    page.wait_for_function("() => window.launchReady === true")
     page.select_option("#f-image", image)
     if name:
         page.fill("#f-name", name)
@@ -42,7 +42,7 @@ def _launch(
 def _submit_and_wait(page, status: str = "RUNNING", timeout: int = 90_000) -> str:
     page.click("#launch-submit")
     page.wait_for_function(
-        f"window.launchState && window.launchState.status === '{status}'", timeout=timeout
+        f"() => window.launchState && window.launchState.status === '{status}'", timeout=timeout
     )
     return page.evaluate("window.launchState.id")
 
@@ -75,10 +75,10 @@ def test_a_user_launches_a_three_node_cluster_and_works_in_it(
 
     # Logs of sub2: its tab opens and follows the live stream.
     row.locator('[data-action="logs"]').click()
-    page.wait_for_function("window.logsReady === true")
+    page.wait_for_function("() => window.logsReady === true")
     page.click('#logs-tabs button[data-host="sub2"]')
     page.wait_for_function(
-        "window.logsReady === true && window.logsState.kernel === 'sub2' && window.logsState.live"
+        "() => window.logsReady === true && window.logsState.kernel === 'sub2' && window.logsState.live"
     )
     assert page.get_attribute('#logs-tabs button[data-host="sub2"]', "aria-selected") == "true"
     assert "following sub2 live" in page.text_content("#logs-state")
@@ -87,27 +87,27 @@ def test_a_user_launches_a_three_node_cluster_and_works_in_it(
 
     # The terminal: a shell in main1, and ssh to a sub kernel from there.
     page.goto(f"{live_server_url}/sessions/{session_id}/terminal/")
-    page.wait_for_function("window.termReady === true")
+    page.wait_for_function("() => window.termReady === true")
     page.locator("#terminal").click()
     page.keyboard.type("echo $BACKENDAI_CLUSTER_HOST $GREETING\n")
-    page.wait_for_function("window.termOutput.includes('main1 hello')")
+    page.wait_for_function("() => window.termOutput.includes('main1 hello')")
     shot(page, "terminal-main1")
     page.keyboard.type("ssh sub1 hostname\n")
-    page.wait_for_function("/[\\r\\n]sub1\\r\\n/.test(window.termOutput)", timeout=30_000)
+    page.wait_for_function("() => /[\\r\\n]sub1\\r\\n/.test(window.termOutput)", timeout=30_000)
     shot(page, "terminal-ssh-sub1")
 
     # A reload re-attaches to the same shell (same tab id in sessionStorage).
     page.keyboard.type("export MARK=kept-$((6*7))\n")
-    page.wait_for_function("window.termOutput.includes('export MARK')")
+    page.wait_for_function("() => window.termOutput.includes('export MARK')")
     page.reload()
-    page.wait_for_function("window.termReady === true")
+    page.wait_for_function("() => window.termReady === true")
     page.locator("#terminal").click()
     page.keyboard.type("echo $MARK\n")
-    page.wait_for_function("window.termOutput.includes('kept-42')")
+    page.wait_for_function("() => window.termOutput.includes('kept-42')")
     shot(page, "terminal-reattached")
 
     page.goto(f"{live_server_url}/sessions/{session_id}/")
-    page.wait_for_function("window.wsReady === true")
+    page.wait_for_function("() => window.wsReady === true")
     assert page.locator("#d-kernels tr").count() == 3
     assert page.locator("#d-events li").count() >= 10
     shot(page, "detail", full_page=True)
@@ -131,16 +131,16 @@ def test_a_batch_sessions_output_appears_in_its_logs_and_its_result_on_the_page(
 
     row = page.locator(f'tr[data-id="{session_id}"]')
     row.locator('[data-action="logs"]').click()
-    page.wait_for_function("window.logsReady === true && window.logsState.kernel === 'main1'")
+    page.wait_for_function("() => window.logsReady === true && window.logsState.kernel === 'main1'")
     page.wait_for_function(
-        "document.getElementById('logs-view').textContent.includes('hello-from-main1')"
+        "() => document.getElementById('logs-view').textContent.includes('hello-from-main1')"
     )
     shot(page, "logs-main1-live")
     # It ends by itself: the stream says so, and the list shows the result live.
     page.wait_for_function(
-        "document.getElementById('logs-view').textContent.includes('bye-from-main1')"
+        "() => document.getElementById('logs-view').textContent.includes('bye-from-main1')"
     )
-    page.wait_for_function("window.logsState.ended === true", timeout=30_000)
+    page.wait_for_function("() => window.logsState.ended === true", timeout=30_000)
     shot(page, "logs-main1-ended")
     page.click("#logs-modal [data-close]")
     page.click('#filter button[data-filter="all"]')
@@ -150,7 +150,7 @@ def test_a_batch_sessions_output_appears_in_its_logs_and_its_result_on_the_page(
     # After the container is gone, its kept tail is still readable.
     row.locator('[data-action="logs"]').click()
     page.wait_for_function(
-        "window.logsReady === true && window.logsState.live === false "
+        "() => window.logsReady === true && window.logsState.live === false "
         "&& document.getElementById('logs-view').textContent.includes('hello-from-main1')"
     )
     shot(page, "logs-main1-kept-tail")
@@ -167,7 +167,7 @@ def test_a_session_that_cannot_be_placed_says_why_on_the_page(
     _launch(page, image="bai-kernel/minimal:1", cpu="1.5", name="big-two")
     page.click("#launch-submit")
     page.wait_for_function(
-        "window.launchState && window.launchState.status === 'PENDING' && window.launchState.reason"
+        "() => window.launchState && window.launchState.status === 'PENDING' && window.launchState.reason"
         " && window.launchState.reason !== 'created'"
     )
     waiting_id = page.evaluate("window.launchState.id")
@@ -176,7 +176,7 @@ def test_a_session_that_cannot_be_placed_says_why_on_the_page(
     shot(page, "launch-pending-with-reason")
 
     page.goto(f"{live_server_url}/sessions/{waiting_id}/")
-    page.wait_for_function("window.wsReady === true")
+    page.wait_for_function("() => window.wsReady === true")
     assert page.is_visible("#d-waiting")
     assert "cpu" in page.text_content("#d-waiting-reason")
     shot(page, "detail-why-it-waits")
@@ -188,11 +188,11 @@ def test_a_session_that_cannot_be_placed_says_why_on_the_page(
     with ThreadPoolExecutor(1) as pool:
         pool.submit(Agent.objects.filter(pk=real_agent.pk).update, schedulable=False).result()
     page.goto(live_server_url)
-    page.wait_for_function("window.wsReady === true")
+    page.wait_for_function("() => window.wsReady === true")
     _launch(page, image="bai-kernel/minimal:1", name="no-room")
     page.click("#launch-submit")
     page.wait_for_function(
-        "window.launchState && window.launchState.status === 'PENDING' && window.launchState.reason"
+        "() => window.launchState && window.launchState.status === 'PENDING' && window.launchState.reason"
         " && window.launchState.reason !== 'created'"
     )
     shot(page, "launch-pending-unschedulable")

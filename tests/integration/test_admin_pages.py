@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin as django_admin
 from django.contrib.admin.utils import quote
 from django.test import RequestFactory
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 
 from sessions_app.models import (
     Agent,
@@ -30,6 +30,7 @@ from sessions_app.models import (
     UserResourcePolicy,
     hash_token,
 )
+from sessions_app.tokens import token_create
 
 pytestmark = pytest.mark.django_db
 
@@ -81,7 +82,12 @@ def world(alice, admin, image, group, agent):
         user=alice, policy=ResourcePolicy.objects.create(name="small")
     )
     image.allowed_groups.set([group])
-    Token.objects.create(user=alice)
+    token_create(user=alice)
+    AccessAttempt.objects.create(
+        username="alice", ip_address="10.0.0.9", failures_since_start=3, get_data="", post_data=""
+    )
+    AccessLog.objects.create(username="alice", ip_address="10.0.0.9")
+    AccessFailureLog.objects.create(username="alice", ip_address="10.0.0.9")
     from django.contrib.auth.models import Group
 
     Group.objects.create(name="researchers")

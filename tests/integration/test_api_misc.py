@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
 import yaml
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from sessions_app.models import DataFolder, Session, SessionTemplate, Status
@@ -63,18 +64,24 @@ def test_the_right_password_gives_a_token_that_authenticates_api_calls(alice, im
 
     assert response.status_code == 200
     key = response.json()["token"]
-    assert Token.objects.get(user=alice).key == key
+    assert AuthToken.objects.get(user=alice).token_key == key[:15]
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     sessions = client.get("/api/v1/sessions/")
     assert sessions.status_code == 200
     assert [s["name"] for s in sessions.json()] == ["mine"]
 
 
-def test_asking_twice_gives_the_same_token(alice):
+def test_asking_twice_gives_two_tokens_that_both_work(alice):
+    """Tokens are stored hashed, so an existing one cannot be shown again."""
     client = APIClient()
     body = {"username": "alice", "password": "alice-pass-123"}
     first = client.post("/api/v1/auth/token/", body, format="json").json()["token"]
-    assert client.post("/api/v1/auth/token/", body, format="json").json()["token"] == first
+    second = client.post("/api/v1/auth/token/", body, format="json").json()["token"]
+
+    assert first != second
+    for key in (first, second):
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        assert client.get("/api/v1/sessions/").status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -89,7 +96,7 @@ def test_a_wrong_password_gives_no_token(alice, credentials):
 
     body = assert_error(response, 400, "Wrong username or password")
     assert "token" not in body
-    assert not Token.objects.exists()
+    assert not AuthToken.objects.exists()
 
 
 def test_an_inactive_user_gets_no_token(alice):
@@ -99,7 +106,7 @@ def test_an_inactive_user_gets_no_token(alice):
         "/api/v1/auth/token/", {"username": "alice", "password": "alice-pass-123"}, format="json"
     )
     assert_error(response, 400)
-    assert not Token.objects.exists()
+    assert not AuthToken.objects.exists()
 
 
 def test_a_token_request_without_a_password_names_the_field(alice):
@@ -137,9 +144,24 @@ def test_the_schema_is_available_as_json(client):
     assert json.loads(response.content)["info"]["title"]
 
 
-def test_the_docs_page_loads(client):
+def test_the_docs_page_loads_swagger_ui_from_the_project_itself(client):
     response = client.get("/api/docs/")
+
     assert response.status_code == 200
+    page = response.content.decode()
+    scripts = re.findall(r'<script[^>]*src="([^"]+)"', page)
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in scripts
+    assert all(src.startswith("/") for src in scripts), scripts
+    assert "<script>" not in page  # the start-up script is a file too
+    assert "cdn." not in page
+
+
+def test_the_docs_start_up_script_is_served_as_javascript(client):
+    response = client.get("/api/docs/?script=")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/javascript")
+    assert "/api/schema/" in response.content.decode()
     assert "swagger" in response.content.decode().lower()
 
 

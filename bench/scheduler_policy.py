@@ -8,8 +8,10 @@ and agent-selection policy. Prints the figures and the conditions.
     python bench/scheduler_policy.py [--agents 1000] [--sessions 10000] [--users 100] [--repeat 3]
         [--compare REV]   # also time scheduler_app/policy.py as of git revision REV, alternating
 
-With ``--compare`` both policies run on the same snapshot shapes, one pass of each in turn, so that
-the machine's load weighs on both alike; the table then shows both best times and their ratio.
+With ``--compare`` both policies run on the same snapshot shapes, one pass of each in turn (the order
+alternating, garbage collected before each), timed in
+CPU seconds of this process (other load on a shared machine disturbs that far less than wall time),
+and must decide alike; the table shows both best times and their ratio.
 
 `make_snapshot()` is the reusable part: the database benchmark (bench/scheduler.py) builds its rows
 from the same shapes.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import os
 import platform
 import random
@@ -182,10 +185,12 @@ def load_policy(revision: str) -> ModuleType:
     return module
 
 
-def timed(schedule: Callable[[Any], Any], snapshot: Any) -> tuple[float, Any]:
-    start = time.perf_counter()
+def timed(
+    schedule: Callable[[Any], Any], snapshot: Any, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, Any]:
+    start = clock()
     decisions = schedule(snapshot)
-    return time.perf_counter() - start, decisions
+    return clock() - start, decisions
 
 
 def figures(snapshot: Any, decisions: Any, times: list[float]) -> dict[str, float]:
@@ -222,10 +227,13 @@ def compare(
     decisions: dict[str, Any] = {}
     for label, policy in policies.items():
         _, decisions[label] = timed(policy.schedule, snapshots[label])  # warm-up
+    order = list(policies.items())
     for _ in range(repeat):
-        for label, policy in policies.items():
-            seconds, decisions[label] = timed(policy.schedule, snapshots[label])
+        for label, policy in order:
+            gc.collect()  # so neither pays for the other's garbage
+            seconds, decisions[label] = timed(policy.schedule, snapshots[label], time.process_time)
             times[label].append(seconds)
+        order.reverse()  # and neither always goes first
     outcomes = [
         (
             [(p.session_id, p.assignments) for p in d.placements],
@@ -281,7 +289,7 @@ def main() -> None:
     if args.compare:
         print(
             f"{'sessions':>10} {'agents':>12} {'placed':>6} "
-            f"{args.compare[:10]:>10} {'this tree':>10} {'ratio':>6}   (best s)"
+            f"{args.compare[:10]:>10} {'this tree':>10} {'ratio':>6}   (best CPU s)"
         )
     else:
         print(

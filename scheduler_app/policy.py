@@ -810,7 +810,6 @@ class _Pass:
 
         agents = sorted(snapshot.agents, key=lambda a: a.agent_id)
         self.agent_ids = [a.agent_id for a in agents]
-        self.agent_capacity = [a.capacity for a in agents]
         n = len(agents)
         self.capacity = [self.vectors[a.capacity] for a in agents]
         # Column-major free amounts: free[j][pos].
@@ -833,15 +832,15 @@ class _Pass:
         self.selector = self.group.agent_selector or _BUILTIN_INSTANCES[self.group.agent_selection]
         self.advances_cursor = self.selector.advances_cursor
         # Built-ins choose on the integer pools directly; anything else goes through `select`.
-        self.plain_only = not isinstance(self.selector, _BuiltinSelector)
-        if isinstance(self.selector, _BuiltinSelector):
-            self.finder = self.selector.find
+        self.finder = self.selector.find if isinstance(self.selector, _BuiltinSelector) else None
         timeout = self.group.pending_timeout
         self.pending_timeout = timeout if timeout is not None and timeout > timedelta(0) else None
         self.total = (
             [sum(column) for column in zip(*self.capacity, strict=True)] if n else [0] * self.width
         )
 
+        # Keep the number of attributes under 30: past that CPython stops sharing the keys of
+        # instance dicts, and every attribute read in the loops below gets slower.
         # Memos valid for this pass only: nothing frees during a pass.
         self.fits_nowhere: set[_Vec] = set()
         # multi-node shape -> how many of its kernels the last spreading attempt could place
@@ -1055,15 +1054,17 @@ class _Pass:
             self.cursor = (pos + 1) % len(self.agent_ids)
 
     def find_in(self, vector: _Vec, pools: Sequence[_Pool]) -> int:
+        finder = self.finder
+        assert finder is not None
         for pool in pools:
-            pos = self.finder(self, vector, pool)
+            pos = finder(self, vector, pool)
             if pos >= 0:
                 return pos
         return -1
 
     def place(self, session: PendingSession, request: _Request) -> dict[str, str] | None:
         """Place every kernel of session or none; on success the agents' free slots are taken."""
-        if self.plain_only or session.pinned_agents:
+        if self.finder is None or session.pinned_agents:
             return self.place_plain(session, request)
         if not self.agent_ids:
             return None
@@ -1136,16 +1137,20 @@ class _Pass:
 
     # -- the plain path: plugins and pinned sessions --
 
+    def slots(self, vector: Iterable[int]) -> ResourceSlots:
+        """Integer units back to exact slots."""
+        places = self.places
+        return ResourceSlots._make(
+            (self.names[j], Decimal(value).scaleb(-places[j], _EXACT))
+            for j, value in enumerate(vector)
+            if value
+        )
+
     def candidate(self, pos: int) -> CandidateAgent:
         agent = self.candidates.get(pos)
         if agent is None:
-            free, places = self.free, self.places
-            slots = ResourceSlots._make(
-                (name, Decimal(free[j][pos]).scaleb(-places[j], _EXACT))
-                for j, name in enumerate(self.names)
-                if free[j][pos]
-            )
-            agent = CandidateAgent(self.agent_ids[pos], self.agent_capacity[pos], slots)
+            free = self.slots(column[pos] for column in self.free)
+            agent = CandidateAgent(self.agent_ids[pos], self.slots(self.capacity[pos]), free)
             self.candidates[pos] = agent
         return agent
 
@@ -1294,7 +1299,7 @@ class _Pass:
                 f"{'none of them is' if many else 'it is not'} alive and schedulable "
                 f"in resource group {self.group.name}"
             )
-        if declined is not None and self.plain_only:
+        if declined is not None and self.finder is None:
             return head + declined
         subject = "none of them has" if many else "it does not have"
         vectors = [request.block] if request.single else request.kernels

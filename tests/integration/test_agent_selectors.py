@@ -194,6 +194,43 @@ def test_a_selector_that_is_not_installed_is_refused_naming_those_that_are(clien
     }
 
 
+def test_switching_selector_in_the_group_list_checks_the_stored_options_too(
+    client, admin, group, installed_plugin
+):
+    ResourceGroup.objects.filter(pk=group.pk).update(
+        agent_selection="by-prefix", agent_selector_options={"prefix": "fast-"}
+    )
+    client.force_login(admin)
+    form = {
+        "form-TOTAL_FORMS": "1",
+        "form-INITIAL_FORMS": "1",
+        "form-MIN_NUM_FORMS": "0",
+        "form-MAX_NUM_FORMS": "1000",
+        "form-0-id": str(group.pk),
+        "form-0-session_selection": "fifo",
+        "form-0-agent_selection": "dispersed",
+        "_save": "Save",
+    }
+    url = reverse("admin:sessions_app_resourcegroup_changelist")
+
+    response = client.post(url, form)
+
+    assert response.status_code == 200
+    assert response.context["cl"].formset.errors == [
+        {
+            "__all__": [
+                "agent selector 'dispersed' refused its options: option 'prefix': "
+                "unknown option; this selector takes none"
+            ]
+        }
+    ]
+    group.refresh_from_db()
+    assert group.agent_selection == "by-prefix"
+
+    response = client.post(url, {**form, "form-0-agent_selection": "by-prefix"})
+    assert response.status_code == 302
+
+
 # --- a selector that cannot be used does not stop the pass ---------------------------------------
 
 

@@ -24,16 +24,20 @@ One pass, in order:
    cannot help it, so it must not hold up everyone behind it.
 2. Checks, the first failure decides: session type allowed in the group; resource group allowed by
    the owner's quota; dependencies (cancelled when one ended without success or does not exist);
-   requested start time; pending timeout (cancelled); quota (containers per session, concurrent
+   requested start time; pending timeout (cancelled; a timeout of 0 means none); quota (containers per session, concurrent
    sessions, total slots -- counting what this pass already placed for the owner). ``system``
    sessions are exempt from the concurrency and total-slot quotas and are counted against
    ``max_concurrent_system_sessions`` instead.
 3. Placement, all-or-nothing, never oversubscribing: single-node needs one agent that holds the sum of
    all kernels; multi-node puts all kernels on one agent when one holds the sum, otherwise places
-   them kernel by kernel (several per agent allowed). Agent choice: ``concentrated`` (the fitting
-   agent with the least free cpu, then mem), ``dispersed`` (the most free), ``roundrobin`` (the next
-   fitting agent, in ``agent_id`` order, from the cursor; the new cursor is returned). Agents with an
-   accelerator are used for sessions that request none only when no CPU-only agent will do.
+   them kernel by kernel (several per agent allowed). Agents with an accelerator are used for
+   sessions that request none only when no CPU-only agent will do. A session pinned to agents
+   (``pinned_agents``, an admin's designation) goes only there, and otherwise waits, naming them.
+   These rules are the pass's; which agent is chosen is the group's `AgentSelector`'s. Built in:
+   ``concentrated`` (the fitting agent with the least free cpu, then mem), ``dispersed`` (the most
+   free), ``roundrobin`` (the next fitting agent, in ``agent_id`` order, from the cursor; the new
+   cursor is returned). Any other selector is a plugin behind the same interface; the pass checks
+   its every answer and treats an unusable one as "did not fit", with the reason.
 
 Every pending session gets exactly one decision: a `Placement`, a `Wait` (with a human reason; it
 counts as a scheduling attempt only when the session itself was short of resources) or a
@@ -42,12 +46,15 @@ counts as a scheduling attempt only when the session itself was short of resourc
 Speed: decimal slot values are scaled to integers once per pass (exactly: each slot is scaled by
 10 ** its largest number of decimal places in the snapshot), agents are kept in two indexes (CPU-only
 and with accelerators) sorted by free cpu and mem, and a request shape that did not fit is remembered
-for the rest of the pass -- nothing is freed during a pass, so the same shape cannot fit later.
+for the rest of the pass -- nothing is freed during a pass, so the same shape cannot fit later. The
+built-in selectors choose on those integer indexes directly; the plain interface (exact slots) is
+used for plugins and for pinned sessions.
 """
 
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -57,6 +64,7 @@ from decimal import Context, Decimal, DivisionByZero, Inexact, InvalidOperation,
 from fractions import Fraction
 from functools import partial
 from itertools import chain
+from typing import ClassVar
 
 from bai_common.units import (
     MAX_AMOUNT_DIGITS,
@@ -76,9 +84,15 @@ from sessions_app.policy import (
 
 __all__ = [
     "AGENT_SELECTIONS",
+    "BUILTIN_AGENT_SELECTORS",
     "CLUSTER_MODES",
     "SESSION_SELECTIONS",
+    "AgentSelector",
+    "AgentSelectorOptionError",
     "AgentState",
+    "CandidateAgent",
+    "ConcentratedSelector",
+    "DispersedSelector",
     "Cancellation",
     "Decisions",
     "DependencyState",
@@ -89,7 +103,9 @@ __all__ = [
     "Placement",
     "Quota",
     "ResourceSlots",
+    "RoundRobinSelector",
     "Snapshot",
+    "UnavailableAgentSelector",
     "Wait",
     "check_session",
     "order_sessions",
@@ -98,7 +114,6 @@ __all__ = [
 ]
 
 SESSION_SELECTIONS = ("fifo", "lifo", "drf")
-AGENT_SELECTIONS = ("concentrated", "dispersed", "roundrobin")
 CLUSTER_MODES = ("single-node", "multi-node")
 SYSTEM_SESSION_TYPE = "system"
 
@@ -279,7 +294,8 @@ class KernelRequest:
 
 @dataclass(frozen=True, slots=True)
 class PendingSession:
-    """A pending session. ``attempts``: how many passes it already failed for lack of resources."""
+    """A pending session. ``attempts``: how many passes it already failed for lack of resources;
+    ``pinned_agents``: when not empty, the only agents it may go to (an admin's designation)."""
 
     session_id: str
     owner_id: str
@@ -290,6 +306,7 @@ class PendingSession:
     attempts: int
     depends_on: tuple[str, ...] = ()
     starts_at: datetime | None = None
+    pinned_agents: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.cluster_mode not in CLUSTER_MODES:
@@ -336,6 +353,13 @@ class Quota:
 
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
+    """A resource group's scheduler settings.
+
+    ``agent_selection`` names the agent selector; ``agent_selector`` is that selector, built with the
+    group's options (None: the built-in of that name, without options). ``pending_timeout``: None
+    or zero means no timeout.
+    """
+
     name: str
     session_selection: str
     num_retries_to_skip: int
@@ -343,11 +367,12 @@ class GroupConfig:
     allowed_session_types: frozenset[str]
     pending_timeout: timedelta | None
     roundrobin_cursor: int = 0
+    agent_selector: AgentSelector | None = None
 
     def __post_init__(self) -> None:
         if self.session_selection not in SESSION_SELECTIONS:
             raise ValueError(f"unknown session selection {self.session_selection!r}")
-        if self.agent_selection not in AGENT_SELECTIONS:
+        if self.agent_selector is None and self.agent_selection not in AGENT_SELECTIONS:
             raise ValueError(f"unknown agent selection {self.agent_selection!r}")
         if self.num_retries_to_skip < 0:
             raise ValueError("num_retries_to_skip must be >= 0")
@@ -406,6 +431,276 @@ def _short(session_id: str) -> str:
 
 def _fifo_key(session: PendingSession) -> tuple[datetime, str]:
     return (session.created_at, session.session_id)
+
+
+# --- agent selectors --------------------------------------------------------------------------
+
+
+class AgentSelectorOptionError(ValueError):
+    """A selector refused one of its options; the message names the option and says why."""
+
+    def __init__(self, option: str, problem: str) -> None:
+        super().__init__(f"option {option!r}: {problem}")
+        self.option = option
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateAgent:
+    """An agent a selector may choose: its capacity and what is free on it at this point of the
+    pass (capacity minus what it held and what the pass already placed there; exact)."""
+
+    agent_id: str
+    capacity: ResourceSlots
+    free: ResourceSlots
+
+
+class AgentSelector(ABC):
+    """Chooses the agents for the kernels of one session.
+
+    A selector is registered by name (entry point group ``backendai_web.agent_selectors``) and built
+    once per pass with the resource group's options: ``__init__`` validates them and raises
+    `AgentSelectorOptionError` naming a bad one (this base class accepts none).
+
+    The cluster rules stay the pass's. It calls `select` once per stage, with only the candidates
+    of that stage, in ``agent_id`` order (starting at the group's round-robin cursor when
+    ``advances_cursor`` is set; the pass then moves the cursor past the agent of the last entry of
+    each answer it uses):
+
+    - ``one_agent=True``: every kernel must go to the same agent, and every candidate can hold them
+      all. Asked for single-node sessions, and first for multi-node ones.
+    - ``one_agent=False``: a multi-node session that no single candidate holds; kernels may go to
+      different agents, several to one agent.
+
+    CPU-only agents are offered first; agents with accelerators come in a later stage for a session
+    that requests none. A session pinned to agents is offered only those.
+
+    Returns kernel_id -> agent_id for every kernel of the session, or a human reason why not (shown
+    to the user while the session waits). The pass checks every answer -- each kernel once, only
+    candidates, one agent when asked, never more than an agent has free -- and treats an unusable
+    answer or an exception as "did not fit", with the reason.
+    """
+
+    advances_cursor: ClassVar[bool] = False
+
+    def __init__(self, options: Mapping[str, object]) -> None:
+        if options:
+            raise AgentSelectorOptionError(min(options), "unknown option; this selector takes none")
+
+    @abstractmethod
+    def select(
+        self, session: PendingSession, agents: Sequence[CandidateAgent], *, one_agent: bool
+    ) -> Mapping[str, str] | str:
+        """Where each kernel of ``session`` goes among ``agents``, or why it cannot go."""
+
+
+class UnavailableAgentSelector(AgentSelector):
+    """Stands in for a selector the dispatcher could not load or build: every session that gets
+    to placement waits with ``reason``, without counting an attempt (the fault is the group's)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def select(
+        self, session: PendingSession, agents: Sequence[CandidateAgent], *, one_agent: bool
+    ) -> Mapping[str, str] | str:
+        return self.reason
+
+
+def _fits(demand: ResourceSlots, free: ResourceSlots) -> bool:
+    """The pass's rule in exact slots: cpu and mem always, other slots where demanded."""
+    if demand["cpu"] > free["cpu"] or demand["mem"] > free["mem"]:
+        return False
+    return all(
+        free[name] >= value for name, value in demand.items() if name not in _NON_ACCELERATOR_SLOTS
+    )
+
+
+def _describe_slots(slots: ResourceSlots) -> str:
+    parts = [format_slot(name, value) for name, value in slots.items()]
+    return " and ".join(parts) if parts else "nothing"
+
+
+def _total(session: PendingSession) -> ResourceSlots:
+    block = session.kernels[0].slots
+    for kernel in session.kernels[1:]:
+        block = block + kernel.slots
+    return block
+
+
+class _BuiltinSelector(AgentSelector):
+    """A built-in selector. Besides the plain `select`, it has a fast path that the pass calls
+    directly on its integer vectors and sorted pools (`find`); both choose alike, which a property
+    test holds them to."""
+
+    def find(self, state: _Pass, vector: _Vec, pool: _Pool) -> int:
+        """The position of the agent this policy picks in pool for vector, or -1."""
+        raise NotImplementedError
+
+    def pick(
+        self,
+        demand: ResourceSlots,
+        free: Sequence[ResourceSlots],
+        indices: Sequence[int],
+        start: int,
+    ) -> int:
+        """The agent this policy picks for demand among ``indices`` (positions in the candidates,
+        in their order), or -1 when none fits; ``start``: where a round-robin scan begins."""
+        raise NotImplementedError
+
+    def select(
+        self, session: PendingSession, agents: Sequence[CandidateAgent], *, one_agent: bool
+    ) -> Mapping[str, str] | str:
+        if not agents:
+            return "no candidate agent"
+        free = [agent.free for agent in agents]
+        plain = [i for i, agent in enumerate(agents) if not agent.capacity.has_accelerator]
+        accelerated = [i for i, agent in enumerate(agents) if agent.capacity.has_accelerator]
+        demands: list[tuple[Sequence[KernelRequest], ResourceSlots]]
+        if one_agent:
+            demands = [(session.kernels, _total(session))]
+        else:
+            extras = sorted(
+                {name for k in session.kernels for name in k.slots.names()} - _NON_ACCELERATOR_SLOTS
+            )
+
+            def size(kernel: KernelRequest) -> tuple[Decimal, ...]:
+                # The pass's order: largest first, comparing cpu, mem, then the others by name.
+                slots = kernel.slots
+                return (slots["cpu"], slots["mem"], *(slots[name] for name in extras))
+
+            ordered = sorted(session.kernels, key=size, reverse=True)
+            demands = [((kernel,), kernel.slots) for kernel in ordered]
+        assignments: dict[str, str] = {}
+        start = 0
+        for kernels, demand in demands:
+            # CPU-only agents first for a demand without accelerators, as the pass's pools do.
+            index = -1 if demand.has_accelerator else self.pick(demand, free, plain, start)
+            if index < 0:
+                index = self.pick(demand, free, accelerated, start)
+            if index < 0:
+                return f"no candidate agent has {_describe_slots(demand)} free"
+            free[index] = free[index] - demand
+            start = (index + 1) % len(agents)
+            for kernel in kernels:
+                assignments[kernel.kernel_id] = agents[index].agent_id
+        return assignments
+
+
+def _free_key(free: ResourceSlots) -> tuple[Decimal, Decimal]:
+    return (free["cpu"], free["mem"])
+
+
+class ConcentratedSelector(_BuiltinSelector):
+    """Packs: the fitting agent with the least free cpu, then mem (keeps whole agents free)."""
+
+    def find(self, state: _Pass, vector: _Vec, pool: _Pool) -> int:
+        keys = pool.keys
+        n = len(keys)
+        if not n or keys[-1][0] < vector[0]:
+            return -1
+        cpu, mem = vector[0], vector[1]
+        extras = [(j, a) for j in range(2, state.width) if (a := vector[j]) > 0]
+        free = state.free
+        i = bisect_left(keys, (cpu, mem))
+        while i < n:
+            key = keys[i]
+            if key[1] >= mem:
+                pos = key[2]
+                if not extras or all(free[j][pos] >= a for j, a in extras):
+                    return pos
+            i += 1
+        return -1
+
+    def pick(
+        self,
+        demand: ResourceSlots,
+        free: Sequence[ResourceSlots],
+        indices: Sequence[int],
+        start: int,
+    ) -> int:
+        fitting = [i for i in indices if _fits(demand, free[i])]
+        return min(fitting, key=lambda i: (*_free_key(free[i]), i), default=-1)
+
+
+class DispersedSelector(_BuiltinSelector):
+    """Spreads: the fitting agent with the most free cpu, then mem."""
+
+    def find(self, state: _Pass, vector: _Vec, pool: _Pool) -> int:
+        keys = pool.keys
+        n = len(keys)
+        if not n or keys[-1][0] < vector[0]:
+            return -1
+        cpu, mem = vector[0], vector[1]
+        extras = [(j, a) for j in range(2, state.width) if (a := vector[j]) > 0]
+        free = state.free
+        lowest = bisect_left(keys, (cpu,))
+        i = n - 1
+        while i >= lowest:
+            key = keys[i]
+            if key[1] >= mem:
+                pos = key[2]
+                if not extras or all(free[j][pos] >= a for j, a in extras):
+                    return pos
+            i -= 1
+        return -1
+
+    def pick(
+        self,
+        demand: ResourceSlots,
+        free: Sequence[ResourceSlots],
+        indices: Sequence[int],
+        start: int,
+    ) -> int:
+        fitting = [i for i in indices if _fits(demand, free[i])]
+        return max(fitting, key=lambda i: (*_free_key(free[i]), i), default=-1)
+
+
+class RoundRobinSelector(_BuiltinSelector):
+    """Takes turns: the next fitting agent in agent_id order from the group's cursor."""
+
+    advances_cursor = True
+
+    def find(self, state: _Pass, vector: _Vec, pool: _Pool) -> int:
+        keys = pool.keys
+        if not keys or keys[-1][0] < vector[0]:
+            return -1
+        cpu, mem = vector[0], vector[1]
+        extras = [(j, a) for j in range(2, state.width) if (a := vector[j]) > 0]
+        free = state.free
+        member = pool.member
+        free_cpu, free_mem = free[0], free[1]
+        cursor = state.cursor
+        for pos in chain(range(cursor, len(member)), range(cursor)):
+            if (
+                member[pos]
+                and free_cpu[pos] >= cpu
+                and free_mem[pos] >= mem
+                and (not extras or all(free[j][pos] >= a for j, a in extras))
+            ):
+                return pos
+        return -1
+
+    def pick(
+        self,
+        demand: ResourceSlots,
+        free: Sequence[ResourceSlots],
+        indices: Sequence[int],
+        start: int,
+    ) -> int:
+        after = [i for i in indices if i >= start]
+        before = [i for i in indices if i < start]
+        return next((i for i in chain(after, before) if _fits(demand, free[i])), -1)
+
+
+BUILTIN_AGENT_SELECTORS: Mapping[str, type[AgentSelector]] = {
+    "concentrated": ConcentratedSelector,
+    "dispersed": DispersedSelector,
+    "roundrobin": RoundRobinSelector,
+}
+AGENT_SELECTIONS = tuple(BUILTIN_AGENT_SELECTORS)
+# Built-ins hold no state, so one of each serves every pass.
+_BUILTIN_INSTANCES = {name: cls({}) for name, cls in BUILTIN_AGENT_SELECTORS.items()}
 
 
 # --- one pass ---------------------------------------------------------------------------------
@@ -513,10 +808,18 @@ class _Pass:
         self.plain_pool.keys.sort()
         self.accel_pool.keys.sort()
         self.cursor = self.group.roundrobin_cursor % n if n else self.group.roundrobin_cursor
+        self.selector = self.group.agent_selector or _BUILTIN_INSTANCES[self.group.agent_selection]
+        self.advances_cursor = self.selector.advances_cursor
+        # Built-ins choose on the integer pools directly; anything else goes through `select`.
+        self.finder = self.selector.find if isinstance(self.selector, _BuiltinSelector) else None
+        timeout = self.group.pending_timeout
+        self.pending_timeout = timeout if timeout is not None and timeout > timedelta(0) else None
         self.total = (
             [sum(column) for column in zip(*self.capacity, strict=True)] if n else [0] * self.width
         )
 
+        # Keep the number of attributes under 30: past that CPython stops sharing the keys of
+        # instance dicts, and every attribute read in the loops below gets slower.
         # Memos valid for this pass only: nothing frees during a pass.
         self.fits_nowhere: set[_Vec] = set()
         # multi-node shape -> how many of its kernels the last spreading attempt could place
@@ -527,6 +830,11 @@ class _Pass:
         self.max_free_cache: tuple[int, list[int]] = (-1, [])
         self.owners: dict[str, _Owner] = {}
         self.quota_totals: dict[int, _Vec] = {}
+        # The plain path: candidates as exact slots, rebuilt for an agent when its free slots change.
+        self.candidates: dict[int, CandidateAgent] = {}
+        # Why the last plain placement failed, when the pass's own shortage does not say it:
+        # (reason, counts as an attempt, blocks the queue under FIFO).
+        self.failure: tuple[str, bool, bool] | None = None
 
     # -- helpers --
 
@@ -618,14 +926,14 @@ class _Pass:
         now = self.snapshot.now
         if session.starts_at is not None and session.starts_at > now:
             return Wait(sid, f"starts at {session.starts_at.isoformat()}", False)
-        if group.pending_timeout is not None:
+        timeout = self.pending_timeout
+        if timeout is not None:
             since = session.created_at
             if session.starts_at is not None and session.starts_at > since:
                 since = session.starts_at
-            if now - since > group.pending_timeout:
+            if now - since > timeout:
                 return Cancellation(
-                    sid,
-                    f"pending timeout: waited longer than {format_duration(group.pending_timeout)}",
+                    sid, f"pending timeout: waited longer than {format_duration(timeout)}"
                 )
         return self.check_quota(session, request, quota)
 
@@ -690,53 +998,6 @@ class _Pass:
 
     # -- placement --
 
-    def find(self, vector: _Vec, pool: _Pool) -> int:
-        """The position of the agent the group's policy picks in pool for vector, or -1."""
-        keys = pool.keys
-        n = len(keys)
-        if not n:
-            return -1
-        cpu, mem = vector[0], vector[1]
-        if keys[-1][0] < cpu:
-            return -1
-        extras = [(j, a) for j in range(2, self.width) if (a := vector[j]) > 0]
-        free = self.free
-        policy = self.group.agent_selection
-        if policy == "concentrated":
-            i = bisect_left(keys, (cpu, mem))
-            while i < n:
-                key = keys[i]
-                if key[1] >= mem:
-                    pos = key[2]
-                    if not extras or all(free[j][pos] >= a for j, a in extras):
-                        return pos
-                i += 1
-            return -1
-        if policy == "dispersed":
-            lowest = bisect_left(keys, (cpu,))
-            i = n - 1
-            while i >= lowest:
-                key = keys[i]
-                if key[1] >= mem:
-                    pos = key[2]
-                    if not extras or all(free[j][pos] >= a for j, a in extras):
-                        return pos
-                i -= 1
-            return -1
-        # roundrobin: the first fitting agent at or after the cursor, in agent_id order.
-        member = pool.member
-        free_cpu, free_mem = free[0], free[1]
-        total = len(self.agent_ids)
-        for pos in chain(range(self.cursor, total), range(self.cursor)):
-            if (
-                member[pos]
-                and free_cpu[pos] >= cpu
-                and free_mem[pos] >= mem
-                and (not extras or all(free[j][pos] >= a for j, a in extras))
-            ):
-                return pos
-        return -1
-
     def take(self, pos: int, vector: _Vec, sign: int = 1) -> None:
         keys = self.pool_of[pos].keys
         free = self.free
@@ -746,18 +1007,24 @@ class _Pass:
                 free[j][pos] -= sign * amount
         insort(keys, (free[0][pos], free[1][pos], pos))
         self.version += 1
-        if sign > 0 and self.group.agent_selection == "roundrobin":
+        if self.candidates:
+            self.candidates.pop(pos, None)
+        if sign > 0 and self.advances_cursor:
             self.cursor = (pos + 1) % len(self.agent_ids)
 
     def find_in(self, vector: _Vec, pools: Sequence[_Pool]) -> int:
+        finder = self.finder
+        assert finder is not None
         for pool in pools:
-            pos = self.find(vector, pool)
+            pos = finder(self, vector, pool)
             if pos >= 0:
                 return pos
         return -1
 
     def place(self, session: PendingSession, request: _Request) -> dict[str, str] | None:
         """Place every kernel of session or none; on success the agents' free slots are taken."""
+        if self.finder is None or session.pinned_agents:
+            return self.place_plain(session, request)
         if not self.agent_ids:
             return None
         plain, accel = self.plain_pool, self.accel_pool
@@ -826,6 +1093,183 @@ class _Pass:
             taken.append((pos, vector))
             assignments[session.kernels[i].kernel_id] = self.agent_ids[pos]
         return assignments
+
+    # -- the plain path: plugins and pinned sessions --
+
+    def slots(self, vector: Iterable[int]) -> ResourceSlots:
+        """Integer units back to exact slots."""
+        places = self.places
+        return ResourceSlots._make(
+            (self.names[j], Decimal(value).scaleb(-places[j], _EXACT))
+            for j, value in enumerate(vector)
+            if value
+        )
+
+    def candidate(self, pos: int) -> CandidateAgent:
+        agent = self.candidates.get(pos)
+        if agent is None:
+            free = self.slots(column[pos] for column in self.free)
+            agent = CandidateAgent(self.agent_ids[pos], self.slots(self.capacity[pos]), free)
+            self.candidates[pos] = agent
+        return agent
+
+    def offer(
+        self, request: _Request, pools: tuple[_Pool, ...], whole: bool, allowed: set[int] | None
+    ) -> list[int]:
+        """The positions a stage offers: members of pools (and of allowed) with at least the
+        smallest demand of every slot free, in agent_id order or from the cursor."""
+        vectors = [request.block] if whole else request.kernels
+        low = [min(column) for column in zip(*vectors, strict=True)]
+        extras = [(j, a) for j in range(2, self.width) if (a := low[j]) > 0]
+        free = self.free
+        if allowed is not None:
+            scan: Iterable[int] = (
+                pos for pos in allowed if any(pool.member[pos] for pool in pools)
+            )
+        else:
+            scan = (
+                key[2] for pool in pools for key in pool.keys[bisect_left(pool.keys, (low[0],)) :]
+            )
+        positions = sorted(
+            pos
+            for pos in scan
+            if free[0][pos] >= low[0]
+            and free[1][pos] >= low[1]
+            and all(free[j][pos] >= a for j, a in extras)
+        )
+        if self.advances_cursor:
+            cursor = self.cursor
+            positions.sort(key=lambda pos: (pos < cursor, pos))
+        return positions
+
+    def place_plain(self, session: PendingSession, request: _Request) -> dict[str, str] | None:
+        """`place` through the selector's plain interface, checking every answer; on failure
+        ``self.failure`` may hold the reason (else the pass's shortage explains it)."""
+        self.failure = None
+        self.last_spread_count = 0
+        selector = self.selector
+        if isinstance(selector, UnavailableAgentSelector):
+            self.failure = (selector.reason, False, False)
+            return None
+        allowed: set[int] | None = None
+        if session.pinned_agents:
+            at = {agent_id: pos for pos, agent_id in enumerate(self.agent_ids)}
+            allowed = {at[a] for a in session.pinned_agents if a in at}
+            if not allowed:
+                self.failure = (self.pinned_reason(session, request, allowed, None), True, False)
+                return None
+        plain, accel = self.plain_pool, self.accel_pool
+        stages: list[tuple[bool, tuple[_Pool, ...]]]
+        if request.single:
+            stages = [(True, (accel,))] if request.accel else [(True, (plain,)), (True, (accel,))]
+        elif request.accel:
+            stages = [(True, (accel,)), (False, (plain, accel))]
+        else:
+            stages = [
+                (True, (plain,)),
+                (False, (plain,)),
+                (True, (accel,)),
+                (False, (plain, accel)),
+            ]
+        declined: str | None = None
+        for whole, pools in stages:
+            offered = self.offer(request, pools, whole, allowed)
+            if not offered:
+                continue
+            try:
+                answer = selector.select(
+                    session, [self.candidate(pos) for pos in offered], one_agent=whole
+                )
+                if not isinstance(answer, str) and isinstance(answer, Mapping):
+                    answer = dict(answer)
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug must not stop the pass
+                self.failure = (self.unusable(f"failed: {type(exc).__name__}: {exc}"), True, False)
+                return None
+            if isinstance(answer, str):
+                declined = answer or f"agent selector {self.group.agent_selection} found no agent"
+                continue
+            problem = self.check_answer(session, request, answer, offered, whole)
+            if problem is not None:
+                self.failure = (self.unusable(f"gave an unusable answer: {problem}"), True, False)
+                return None
+            at = {self.agent_ids[pos]: pos for pos in offered}
+            vectors = {
+                k.kernel_id: v for k, v in zip(session.kernels, request.kernels, strict=True)
+            }
+            for kernel_id, agent_id in answer.items():
+                self.take(at[agent_id], vectors[kernel_id])
+            return {k.kernel_id: answer[k.kernel_id] for k in session.kernels}
+        if allowed is not None:
+            self.failure = (self.pinned_reason(session, request, allowed, declined), True, False)
+        elif declined is not None:
+            self.failure = (declined, True, self.shortage(session, request)[1])
+        return None
+
+    def unusable(self, problem: str) -> str:
+        return f"agent selector {self.group.agent_selection} {problem}"
+
+    def check_answer(
+        self,
+        session: PendingSession,
+        request: _Request,
+        answer: object,
+        offered: list[int],
+        one_agent: bool,
+    ) -> str | None:
+        """What is wrong with a selector's answer, or None when the pass may apply it."""
+        if not isinstance(answer, dict):
+            return f"{type(answer).__name__} instead of placements or a reason"
+        kernel_ids = [k.kernel_id for k in session.kernels]
+        for kernel_id in kernel_ids:
+            if kernel_id not in answer:
+                return f"no agent for kernel {kernel_id}"
+        if len(answer) != len(kernel_ids):
+            extra = next(k for k in answer if k not in set(kernel_ids))
+            return f"an agent for {extra!r}, which is not a kernel of the session"
+        at = {self.agent_ids[pos]: pos for pos in offered}
+        held: dict[int, list[int]] = {}
+        for kernel_id, vector in zip(kernel_ids, request.kernels, strict=True):
+            agent_id = answer[kernel_id]
+            pos = at.get(agent_id) if isinstance(agent_id, str) else None
+            if pos is None:
+                return f"agent {agent_id!r} for kernel {kernel_id}, which was not offered"
+            total = held.setdefault(pos, [0] * self.width)
+            for j, amount in enumerate(vector):
+                total[j] += amount
+        if one_agent and len(held) > 1:
+            return "several agents for a session that must stay on one"
+        for pos, total in held.items():
+            for j, amount in enumerate(total):
+                if (j < 2 or amount > 0) and self.free[j][pos] < amount:
+                    return (
+                        f"{self.describe(tuple(total))} on agent {self.agent_ids[pos]}, "
+                        f"which has {self.amount_with_slot(j, self.free[j][pos])} free"
+                    )
+        return None
+
+    def pinned_reason(
+        self, session: PendingSession, request: _Request, allowed: set[int], declined: str | None
+    ) -> str:
+        pinned = session.pinned_agents
+        many = len(pinned) > 1
+        head = f"pinned to agent{'s' if many else ''} {', '.join(pinned)}: "
+        if not allowed:
+            return head + (
+                f"{'none of them is' if many else 'it is not'} alive and schedulable "
+                f"in resource group {self.group.name}"
+            )
+        if declined is not None and self.finder is None:
+            return head + declined
+        subject = "none of them has" if many else "it does not have"
+        vectors = [request.block] if request.single else request.kernels
+        for vector in vectors:
+            for j, wanted in enumerate(vector):
+                if wanted > max(self.free[j][pos] for pos in allowed):
+                    return f"{head}{subject} {self.amount_with_slot(j, wanted)} free"
+        if request.single:
+            return f"{head}{subject} {self.describe(request.block)} free at once"
+        where = "them" if many else "it"
+        return f"{head}its {len(request.kernels)} containers do not fit on {where} at once"
 
     # -- reasons --
 
@@ -933,8 +1377,10 @@ def place_kernels(
     agents: Sequence[AgentState],
     agent_selection: str,
     roundrobin_cursor: int = 0,
+    agent_selector: AgentSelector | None = None,
 ) -> dict[str, str] | None:
-    """Where the kernels of session go on agents (kernel_id -> agent_id), or None if not all fit."""
+    """Where the kernels of session go on agents (kernel_id -> agent_id), or None if not all fit.
+    ``agent_selector``: the selector named ``agent_selection`` (None: that built-in)."""
     group = GroupConfig(
         name="",
         session_selection="fifo",
@@ -943,6 +1389,7 @@ def place_kernels(
         allowed_session_types=frozenset({session.session_type}),
         pending_timeout=None,
         roundrobin_cursor=roundrobin_cursor,
+        agent_selector=agent_selector,
     )
     snapshot = Snapshot(
         group=group,
@@ -987,8 +1434,14 @@ def schedule(snapshot: Snapshot) -> Decisions:
             state.commit(session, request)
             decisions.placements.append(Placement(session.session_id, assignments))
             continue
-        reason, blocking = state.shortage(session, request)
-        decisions.waits.append(Wait(session.session_id, reason, True))
+        failure = state.failure
+        if failure is None:
+            reason, blocking = state.shortage(session, request)
+            counts = True
+        else:
+            state.failure = None
+            reason, counts, blocking = failure
+        decisions.waits.append(Wait(session.session_id, reason, counts))
         if hol_blocking and blocking:
             blocked_by = session.session_id
     decisions.roundrobin_cursor = state.cursor

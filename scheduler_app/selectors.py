@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
@@ -12,6 +13,7 @@ from django.conf import settings
 from django.db.models import Count, Q, TextField
 from django.db.models.functions import Cast
 
+from sessions_app import agent_selectors
 from sessions_app.models import (
     ACTIVE,
     OCCUPYING,
@@ -28,6 +30,8 @@ from sessions_app.models import (
 from sessions_app.policy import dependency_state
 
 from . import policy
+
+logger = logging.getLogger(__name__)
 
 # A slot a policy does not list is unlimited; the policy type reads a missing
 # slot as 0, so unlisted known slots get an amount no request reaches.
@@ -102,6 +106,29 @@ def agent_occupancy(*, agent_ids: list[str]) -> dict[str, dict[str, Decimal]]:
     )
 
 
+def agent_selector_for(*, group: ResourceGroup) -> policy.AgentSelector:
+    """The group's agent selector built with its options; one that cannot be used (not
+    installed, broken, bad options stored anyway) becomes a stand-in under which every session
+    waits with the reason, rather than a pass that fails."""
+    try:
+        selector = agent_selectors.agent_selector_build(
+            name=group.agent_selection, options=group.agent_selector_options
+        )
+    except agent_selectors.AgentSelectorError as exc:
+        logger.warning("resource group %s cannot place sessions: %s", group.name, exc.message)
+        return policy.UnavailableAgentSelector(exc.message)
+    assert isinstance(selector, policy.AgentSelector)  # agent_selector_build checks the class
+    return selector
+
+
+def _pinned(designated: Any) -> tuple[str, ...]:
+    # Launch validates the list; a row that got through anyway pins to what it names (and so
+    # waits, naming it) rather than being placed anywhere or stopping the pass.
+    if isinstance(designated, list):
+        return tuple(str(agent_id) for agent_id in designated)
+    return (str(designated),) if designated else ()
+
+
 def build_snapshot(
     *, group: ResourceGroup, now: datetime, pending: list[Session]
 ) -> policy.Snapshot:
@@ -151,6 +178,7 @@ def build_snapshot(
             attempts=s.scheduling_attempts,
             depends_on=tuple(depends.get(s.pk, ())),
             starts_at=s.starts_at,
+            pinned_agents=_pinned(s.designated_agents),
         )
         for s in pending
         if kernels_by_session.get(s.pk)
@@ -193,6 +221,7 @@ def build_snapshot(
             allowed_session_types=frozenset(group.allowed_session_types),
             pending_timeout=group.pending_timeout,
             roundrobin_cursor=group.roundrobin_cursor,
+            agent_selector=agent_selector_for(group=group),
         ),
         now=now,
         pending=pending_states,

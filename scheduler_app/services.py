@@ -70,6 +70,7 @@ _PENDING_FIELDS = (
     "cluster_mode",
     "scheduling_attempts",
     "starts_at",
+    "designated_agents",
 )
 
 

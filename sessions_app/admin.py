@@ -3,6 +3,7 @@ session is an action that goes through the same service as the API."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -13,7 +14,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from knox.models import AuthToken
 
-from . import services
+from . import agent_selectors, services
 from . import slots as slotlib
 from .errors import ApplicationError, InvalidInput
 from .models import (
@@ -55,14 +56,84 @@ def _clean_slots(value: Any) -> dict[str, str]:
     return {slot: format(amount, "f") for slot, amount in parsed.items()}
 
 
+class AgentSelectorField(forms.ChoiceField):
+    """A select of the installed agent selectors; a name that is not installed is refused with
+    the list of those that are."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=agent_selectors.agent_selector_choices, **kwargs)
+
+    def validate(self, value: Any) -> None:
+        forms.Field.validate(self, value)
+        installed = agent_selectors.agent_selector_names()
+        if value not in installed:
+            raise forms.ValidationError(
+                f"Agent selector {value!r} is not installed. Installed: {', '.join(installed)}."
+            )
+
+
 # Admin forms: the ModelAdmin supplies the model and the fields.
 class ResourceGroupForm(forms.ModelForm):
+    """Also the changelist's form (``agent_selection`` is list-editable there), so every check
+    works with or without the options field."""
+
+    agent_selection = AgentSelectorField(
+        initial="concentrated",
+        help_text="The agent selector: a built-in, or a plugin installed in the entry point "
+        f"group {agent_selectors.ENTRY_POINT_GROUP}.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        current = self.instance.agent_selection if self.instance.pk else None
+        field = self.fields["agent_selection"]
+        assert isinstance(field, forms.ChoiceField)
+        if current and current not in agent_selectors.agent_selector_names():
+            # Shown as it is, so that saving without choosing another says what is wrong.
+            field.choices = [*field.choices, (current, f"{current} (not installed)")]
+
     def clean_allowed_session_types(self) -> Any:
         value = self.cleaned_data["allowed_session_types"]
         known = SessionType.values
         if not isinstance(value, list) or any(v not in known for v in value):
             raise forms.ValidationError(f"A list of session types, from: {', '.join(known)}.")
         return value
+
+    def clean_agent_selector_options(self) -> Any:
+        value = self.cleaned_data["agent_selector_options"]
+        if value is None or value == "":
+            return {}
+        if not isinstance(value, dict):
+            raise forms.ValidationError('A JSON object, such as {} or {"prefix": "gpu-"}.')
+        return value
+
+    def clean_pending_timeout(self) -> Any:
+        value = self.cleaned_data["pending_timeout"]
+        if value is not None and value < timedelta(0):
+            raise forms.ValidationError(
+                "A pending timeout cannot be negative. Leave it empty, or 0, for no timeout."
+            )
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if "agent_selection" not in cleaned:
+            return cleaned
+        has_options = "agent_selector_options" in self.fields
+        if has_options and "agent_selector_options" not in cleaned:
+            return cleaned
+        options = (
+            cleaned["agent_selector_options"]
+            if has_options
+            else self.instance.agent_selector_options
+        )
+        try:
+            agent_selectors.agent_selector_build(name=cleaned["agent_selection"], options=options)
+        except agent_selectors.AgentSelectorBadOptions as exc:
+            self.add_error("agent_selector_options" if has_options else None, exc.message)
+        except agent_selectors.AgentSelectorError as exc:
+            self.add_error("agent_selection", exc.message)
+        return cleaned
 
 
 class ImageForm(forms.ModelForm):
@@ -84,6 +155,7 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         "session_selection",
         "num_retries_to_skip",
         "agent_selection",
+        "agent_selector_options",
         "pending_timeout",
     ]
     list_editable = ["session_selection", "agent_selection"]
@@ -92,10 +164,22 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         (None, {"fields": ["name", "description", "is_active"]}),
         (
             "Scheduling (takes effect at the next pass)",
-            {"fields": ["session_selection", "num_retries_to_skip", "agent_selection"]},
+            {
+                "fields": [
+                    "session_selection",
+                    "num_retries_to_skip",
+                    "agent_selection",
+                    "agent_selector_options",
+                ]
+            },
         ),
         ("Limits", {"fields": ["allowed_session_types", "pending_timeout"]}),
     ]
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        # The installed selectors' select, and the options check, in the list too.
+        kwargs.setdefault("form", ResourceGroupForm)
+        return super().get_changelist_form(request, **kwargs)
 
 
 @admin.register(Agent)
@@ -255,6 +339,7 @@ class SessionAdmin(admin.ModelAdmin):
         "result",
         "exit_code",
         "scheduling_attempts",
+        "designated_agents",
         "created_at",
         "scheduled_at",
         "started_at",

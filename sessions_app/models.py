@@ -13,6 +13,7 @@ import hashlib
 import logging
 import secrets
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +112,6 @@ class SessionSelection(models.TextChoices):
     DRF = "drf", "DRF (dominant resource fairness)"
 
 
-class AgentSelection(models.TextChoices):
-    CONCENTRATED = "concentrated", "Concentrated (pack)"
-    DISPERSED = "dispersed", "Dispersed (spread)"
-    ROUNDROBIN = "roundrobin", "Round-robin"
-
-
 def _all_session_types() -> list[str]:
     return [t.value for t in SessionType]
 
@@ -133,18 +128,37 @@ class ResourceGroup(models.Model):
         help_text="FIFO head-of-line blocking avoidance: a session that failed to fit more "
         "than this many times is pushed behind the others. 0 turns it off.",
     )
+    # Any registered agent selector (sessions_app.agent_selectors): the built-ins or a plugin.
     agent_selection = models.CharField(
-        max_length=16, choices=AgentSelection.choices, default=AgentSelection.CONCENTRATED
+        max_length=64,
+        default="concentrated",
+        help_text="The agent selector: a built-in or an installed plugin.",
+    )
+    agent_selector_options = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Options for the agent selector, as a JSON object (e.g. {"prefix": "gpu-"}); '
+        "the selector checks them. The built-ins take none.",
     )
     allowed_session_types = models.JSONField(default=_all_session_types)
     pending_timeout = models.DurationField(
-        null=True, blank=True, help_text="Cancel sessions pending longer than this. Empty: never."
+        null=True,
+        blank=True,
+        help_text="Cancel sessions pending longer than this. Empty or 0: never.",
     )
     roundrobin_cursor = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(pending_timeout__isnull=True) | Q(pending_timeout__gte=timedelta(0)),
+                name="resource_group_pending_timeout_not_negative",
+                violation_error_message="A pending timeout cannot be negative "
+                "(empty or 0: no timeout).",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -525,6 +539,9 @@ class Session(_Transitions):
     result = models.CharField(max_length=16, choices=Result.choices, default=Result.UNDEFINED)
     exit_code = models.IntegerField(null=True, blank=True)
     scheduling_attempts = models.PositiveIntegerField(default=0)
+    # Manual agent designation: an admin pinned the session to these agent ids at launch
+    # (empty: any agent of its resource group). The scheduler places it only there.
+    designated_agents = models.JSONField(default=list, blank=True)
     last_activity_at = models.DateTimeField(default=timezone.now)
     ssh_private_key = models.TextField(blank=True, editable=False)
     ssh_public_key = models.TextField(blank=True, editable=False)

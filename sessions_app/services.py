@@ -92,6 +92,7 @@ def _session_insert(*, owner: AbstractBaseUser, plan: LaunchPlan) -> Session:
         startup_command=plan.startup_command,
         starts_at=plan.starts_at,
         batch_timeout=plan.batch_timeout,
+        designated_agents=list(plan.agents),
         ssh_private_key=private_key,
         ssh_public_key=public_key,
     )

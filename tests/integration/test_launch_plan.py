@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from session_steps import exit_main, launch, run
+from session_steps import exit_main, launch, place, run
 
 from sessions_app import launch as launching
 from sessions_app import services
@@ -113,3 +113,14 @@ def test_a_cancelled_dependant_names_every_unsatisfied_dependency(alice, image, 
     assert train.status_reason == (
         "dependency prep ended FAILED (exit code 1); dependency fetch had not finished"
     )
+
+
+def test_an_admin_pins_a_session_and_the_scheduler_places_it_only_there(
+    admin, image, agent, make_agent
+):
+    other = make_agent("agent-2", cpu="8")
+    pinned = launch(admin, name="pinned", agents=[other.pk])
+    assert pinned.designated_agents == [other.pk]
+    placed = place(pinned)
+    assert placed.status == Status.SCHEDULED
+    assert {k.agent_id for k in placed.kernels.all()} == {other.pk}

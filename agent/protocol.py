@@ -444,27 +444,37 @@ def validate(message: Any) -> str | None:
     return f"{kind}.{refusal}" if refusal else None
 
 
-def _cut(value: Any, limit: int) -> Any:
-    return value[:limit] if isinstance(value, str) and len(value) > limit else value
+def _too_long(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and len(value) > limit
 
 
 def fit(frame: dict[str, Any]) -> dict[str, Any]:
     """The agent's side of the bounds: free text (reasons, messages, hostname,
     version) cut to fit, so that a long error text never gets a report refused.
-    Returns a new frame; ids and data are left alone."""
-    cuts = {"reason": REASON_MAX, "message": MESSAGE_MAX}
-    if frame.get("type") == REGISTER:
-        cuts.update(hostname=HOSTNAME_MAX, version=VERSION_MAX)
-    fitted = {key: _cut(value, cuts[key]) if key in cuts else value for key, value in frame.items()}
+    The frame itself when nothing is too long (the usual case, on the terminal's
+    hot path), else a cut copy; ids and data are left alone."""
+    cuts = _REGISTER_CUTS if frame.get("type") == REGISTER else _CUTS
+    fitted = frame
+    for key, limit in cuts.items():
+        if _too_long(frame.get(key), limit):
+            fitted = fitted if fitted is not frame else dict(frame)
+            fitted[key] = frame[key][:limit]
     kernels = frame.get("kernels")
-    if isinstance(kernels, list):
+    if isinstance(kernels, list) and any(
+        isinstance(k, dict) and _too_long(k.get("reason"), REASON_MAX) for k in kernels
+    ):
+        fitted = fitted if fitted is not frame else dict(frame)
         fitted["kernels"] = [
-            {**k, "reason": _cut(k["reason"], REASON_MAX)}
-            if isinstance(k, dict) and "reason" in k
+            {**k, "reason": k["reason"][:REASON_MAX]}
+            if isinstance(k, dict) and _too_long(k.get("reason"), REASON_MAX)
             else k
             for k in kernels
         ]
     return fitted
+
+
+_CUTS = {"reason": REASON_MAX, "message": MESSAGE_MAX}
+_REGISTER_CUTS = {**_CUTS, "hostname": HOSTNAME_MAX, "version": VERSION_MAX}
 
 
 # --- inside the manager: the channel layer ---------------------------------

@@ -185,3 +185,8 @@ def test_the_agent_cuts_long_free_text_to_fit_the_bounds():
     assert protocol.validate(fitted) is None
     assert fitted["kernels"][0]["reason"].startswith("docker said: ")
     assert len(frame["kernels"][0]["reason"]) > protocol.REASON_MAX  # the original is left alone
+
+
+def test_a_frame_within_the_bounds_is_sent_as_it_is():
+    frame = {"type": protocol.TERM_OUTPUT, "term_id": "t", "data": "x" * 10_000}
+    assert protocol.fit(frame) is frame

@@ -95,7 +95,9 @@ class Agent:
     # --- outgoing -------------------------------------------------------------------
 
     def emit(self, frame: dict[str, Any]) -> None:
-        """Queue a frame for the manager; never blocks."""
+        """Queue a frame for the manager; never blocks. Free text is cut to the
+        protocol's bounds first, so the manager never refuses a report over it."""
+        frame = protocol.fit(frame)
         kind = frame.get("type")
         if self._ws is None and kind in _VOLATILE:
             return
@@ -229,17 +231,19 @@ class Agent:
         kernels = [k.to_wire() for k in await self.backend.list_kernels()]
         await ws.send(
             json.dumps(
-                {
-                    "type": protocol.REGISTER,
-                    "protocol": protocol.PROTOCOL_VERSION,
-                    "hostname": self.config.hostname,
-                    "backend": self.backend.name,
-                    "resource_group": self.config.resource_group,
-                    "slots": self.slots,
-                    "labels": self.config.labels,
-                    "version": AGENT_VERSION,
-                    "kernels": kernels,
-                }
+                protocol.fit(
+                    {
+                        "type": protocol.REGISTER,
+                        "protocol": protocol.PROTOCOL_VERSION,
+                        "hostname": self.config.hostname,
+                        "backend": self.backend.name,
+                        "resource_group": self.config.resource_group,
+                        "slots": self.slots,
+                        "labels": self.config.labels,
+                        "version": AGENT_VERSION,
+                        "kernels": kernels,
+                    }
+                )
             )
         )
         async with asyncio.timeout(REGISTER_TIMEOUT):

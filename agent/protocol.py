@@ -11,9 +11,22 @@ the fast path missed.
 
 Resource slots travel as ``{"cpu": "2", "mem": "1073741824", "cuda.device": "1"}``:
 slot name to a decimal *string* (exact arithmetic; ``mem`` is in bytes).
+
+Agents are untrusted peers: the manager decodes every agent frame with
+:func:`decode_frame` and checks it with :func:`validate` against ``AGENT_MESSAGES``,
+the bounds of every field of every agent -> manager message (below). A frame that
+fails either is answered with an ``error`` and changes nothing. The agent trims its
+free-text fields to these bounds before it sends (:func:`fit`).
 """
 
 from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
 
 PROTOCOL_VERSION = 1
 
@@ -37,13 +50,15 @@ HEARTBEAT = "heartbeat"
 # {"type": "kernel_status", **KernelReport}: sent the moment a kernel changes.
 KERNEL_STATUS = "kernel_status"
 # {"type": "log_chunk", "kernel_id": str, "stream_id": str, "data": str}
-#   live output of a followed kernel log (stream_id is the one of logs_follow)
+#   live output of a followed kernel log (stream_id is the one of logs_follow). The
+#   manager takes chunks only for streams it asked this agent to follow, of that kernel.
 LOG_CHUNK = "log_chunk"
 # {"type": "log_tail", "kernel_id": str, "data": str}
 #   the kept tail (log_tail_bytes of "registered") of a kernel that ended; sent once
 #   per end, and again on request (idempotent on the manager).
 LOG_TAIL = "log_tail"
 # {"type": "term_output", "term_id": str, "data": str}  (utf-8 text, lossy decode)
+#   taken only for terminals the manager opened or addressed on this agent.
 TERM_OUTPUT = "term_output"
 # {"type": "term_closed", "term_id": str, "reason": str}
 TERM_CLOSED = "term_closed"
@@ -112,8 +127,359 @@ TERM_CLOSE = "term_close"
 # {"type": "error", "message": str, "stream_id"?: str}
 #   either direction. Added for the agent: a failed logs_follow (e.g. unknown kernel)
 #   answers with an error carrying that request's "stream_id", so the gateway can tell
-#   the one browser stream; the field is absent in other errors.
+#   the one browser stream; the field is absent in other errors. The manager answers
+#   every frame it refuses (malformed, out of bounds, or about another agent's kernels)
+#   with an error saying why; the connection stays open.
 ERROR = "error"
+
+
+# --- bounds of every agent -> manager field ----------------------------------
+# The manager refuses a frame (with an "error" answer; the connection stays open)
+# when any field is missing, unknown, of another type or out of these bounds.
+# Lengths are in characters. Text never holds a lone surrogate, and text that the
+# manager stores (everything but "data") never holds NUL.
+ID_MAX = 128  # kernel_id, session_id, stream_id, term_id: [A-Za-z0-9._:-]
+CONTAINER_ID_MAX = 128
+REASON_MAX = 500  # a report's or a closed terminal's reason
+MESSAGE_MAX = 2000  # an error's message
+HOSTNAME_MAX = 255
+VERSION_MAX = 64
+RESOURCE_GROUP_MAX = 64  # only ever logged: the group is the admin's to set
+BACKENDS = ("docker", "process")
+LABELS_MAX = 64
+LABEL_KEY_MAX = 64
+LABEL_VALUE_MAX = 256
+REPORTS_MAX = 4096  # kernel reports in one register or heartbeat
+EXIT_CODE_MIN = -(2**31)  # exit codes fit a signed 32-bit integer
+EXIT_CODE_MAX = 2**31 - 1
+# Slots: at most SLOTS_MAX names like "cpu" or "cuda.device", each with a finite,
+# non-negative amount of at most SLOT_AMOUNT_MAX, as a decimal string (an integer
+# is accepted too) with at most SLOT_PLACES decimal places: mem in whole bytes,
+# every other slot in thousandths (the manager's own slot precision).
+SLOTS_MAX = 32
+SLOT_NAME_MAX = 64
+SLOT_AMOUNT_MAX = 10**15
+SLOT_PLACES = {"mem": 0}
+SLOT_PLACES_DEFAULT = 3
+# Stream data: one log_chunk carries at most 256 KiB of output (decoded, so a few
+# characters more), one term_output at most what a shell wrote between two reads
+# plus the replay; a log_tail at most LOG_TAIL_BYTES_MAX.
+LOG_CHUNK_DATA_MAX = 256 * 1024 + 16
+TERM_DATA_MAX = 1024 * 1024
+LOG_TAIL_DATA_MAX = LOG_TAIL_BYTES_MAX
+# A whole frame: at least FRAME_CHARS_MIN characters, and room for the configured
+# log tail with every byte escaped (JSON escapes one byte as at most 6 characters).
+FRAME_CHARS_MIN = 4 * 1024 * 1024
+JSON_INT_DIGITS = 20  # longer integer literals are refused before they are converted
+JSON_FLOAT_CHARS = 40
+
+_ID = re.compile(r"[A-Za-z0-9._:-]+", re.ASCII)
+_SLOT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]*", re.ASCII)
+_AMOUNT = re.compile(r"[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE][+-]?[0-9]{1,4})?", re.ASCII)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def max_frame_chars(log_tail_bytes: int = LOG_TAIL_BYTES_DEFAULT) -> int:
+    """The largest agent frame (in characters) a manager keeping ``log_tail_bytes`` accepts."""
+    return max(FRAME_CHARS_MIN, 6 * log_tail_bytes + 64 * 1024)
+
+
+class FrameError(ValueError):
+    """A frame that is not a JSON object within the bounds; the text says why."""
+
+
+def _shown(value: object) -> str:
+    """A value as an error message shows it: short, and cheap whatever its size."""
+    if isinstance(value, str | bytes | list | dict) and len(value) > 40:
+        return f"{type(value).__name__} of length {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _no_constant(name: str) -> Any:
+    raise FrameError(f"{name} is not a number JSON allows")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > JSON_INT_DIGITS:
+        raise FrameError(f"an integer of {len(text)} digits (at most {JSON_INT_DIGITS})")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > JSON_FLOAT_CHARS:
+        raise FrameError(f"a number of {len(text)} characters (at most {JSON_FLOAT_CHARS})")
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise FrameError(f"{text} is out of range")
+    return value
+
+
+def decode_frame(text: str, *, max_chars: int = FRAME_CHARS_MIN) -> dict[str, Any]:
+    """One websocket text frame as a JSON object, or FrameError: too long, not JSON,
+    nested too deeply, NaN or Infinity, a number too long to convert, not an object."""
+    if len(text) > max_chars:
+        raise FrameError(f"a frame of {len(text)} characters (at most {max_chars})")
+    try:
+        value = json.loads(
+            text,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+        )
+    except RecursionError:
+        raise FrameError("nested too deeply") from None
+    except FrameError:
+        raise
+    except ValueError as exc:
+        raise FrameError(f"not JSON ({str(exc)[:100]})") from None
+    if not isinstance(value, dict):
+        raise FrameError(f"a frame must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+# Field rules: each returns why a value is refused, or None.
+Rule = Callable[[Any], "str | None"]
+
+
+def text(
+    max_chars: int,
+    *,
+    pattern: re.Pattern[str] | None = None,
+    choices: tuple[str, ...] | None = None,
+    nul: bool = False,
+    empty: bool = True,
+) -> Rule:
+    """A string of at most ``max_chars`` (matching ``pattern``, one of ``choices``)."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return f"must be a string, not {_shown(value)}"
+        if not value and not empty:
+            return "must not be empty"
+        if len(value) > max_chars:
+            return f"{len(value)} characters (at most {max_chars})"
+        if not value.isascii():
+            if _SURROGATE.search(value):
+                return "holds a lone surrogate (not UTF-8 text)"
+        if not nul and "\x00" in value:
+            return "holds a NUL character"
+        if choices is not None and value not in choices:
+            return f"{_shown(value)} is not one of {', '.join(choices)}"
+        if pattern is not None and value and not pattern.fullmatch(value):
+            return f"{_shown(value)} has characters outside {pattern.pattern}"
+        return None
+
+    return check
+
+
+def integer(low: int, high: int) -> Rule:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, not {_shown(value)}"
+        if not low <= value <= high:
+            return f"{_shown(value)} is outside {low}..{high}"
+        return None
+
+    return check
+
+
+def slot_amount_refusal(slot: str, value: Any) -> str | None:
+    """Why ``value`` is not an amount of ``slot`` the protocol carries, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return f"must be a decimal string, not {_shown(value)}"
+    if isinstance(value, str):
+        if value.startswith("-"):
+            return "must not be negative"
+        if len(value) > 48 or not _AMOUNT.fullmatch(value):
+            return f"{_shown(value)} is not a finite decimal number"
+    number = Decimal(value)
+    if number < 0:
+        return "must not be negative"
+    if number > SLOT_AMOUNT_MAX:
+        return f"{_shown(value)} is more than {SLOT_AMOUNT_MAX:.0e}"
+    _, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # finite: the pattern admits nothing else
+    trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
+    places = max(0, -exponent - trailing_zeros) if number else 0
+    allowed = SLOT_PLACES.get(slot, SLOT_PLACES_DEFAULT)
+    if places > allowed:
+        return "must be a whole number" if allowed == 0 else f"at most {allowed} decimal places"
+    return None
+
+
+def slot_map(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f"must be an object of slot amounts, not {_shown(value)}"
+    if len(value) > SLOTS_MAX:
+        return f"{len(value)} slots (at most {SLOTS_MAX})"
+    for name, amount in value.items():
+        if len(name) > SLOT_NAME_MAX or not _SLOT_NAME.fullmatch(name):
+            return f"{_shown(name)} is not a slot name"
+        refusal = slot_amount_refusal(name, amount)
+        if refusal:
+            return f"{name}: {refusal}"
+    return None
+
+
+_LABEL_KEY = text(LABEL_KEY_MAX)
+_LABEL_VALUE = text(LABEL_VALUE_MAX)
+
+
+def label_map(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f"must be an object of labels, not {_shown(value)}"
+    if len(value) > LABELS_MAX:
+        return f"{len(value)} labels (at most {LABELS_MAX})"
+    for key, label in value.items():
+        refusal = "empty" if not key else _LABEL_KEY(key)
+        if refusal:
+            return f"label key {_shown(key)}: {refusal}"
+        refusal = _LABEL_VALUE(label)
+        if refusal:
+            return f"label {key}: {refusal}"
+    return None
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a message: its rule, whether it must be there, whether null is allowed."""
+
+    rule: Rule
+    required: bool = False
+    nullable: bool = False
+
+
+def record_refusal(fields: Mapping[str, Field], value: Any, *, skip: str = "") -> str | None:
+    """Why an object is not a record of ``fields`` (no unknown keys), or None."""
+    if not isinstance(value, dict):
+        return f"must be an object, not {_shown(value)}"
+    for key in value:
+        if key != skip and key not in fields:
+            return f"unknown field {_shown(key)}"
+    for name, field in fields.items():
+        if name not in value:
+            if field.required:
+                return f"{name}: missing"
+            continue
+        item = value[name]
+        if item is None:
+            if field.nullable:
+                continue
+            return f"{name}: must not be null"
+        refusal = field.rule(item)
+        if refusal:
+            return f"{name}: {refusal}"
+    return None
+
+
+def list_of(fields: Mapping[str, Field], max_items: int) -> Rule:
+    def check(value: Any) -> str | None:
+        if not isinstance(value, list):
+            return f"must be a list, not {_shown(value)}"
+        if len(value) > max_items:
+            return f"{len(value)} items (at most {max_items})"
+        for index, item in enumerate(value):
+            refusal = record_refusal(fields, item)
+            if refusal:
+                return f"[{index}].{refusal}"
+        return None
+
+    return check
+
+
+_KERNEL_ID = Field(text(ID_MAX, pattern=_ID, empty=False), required=True)
+_TERM_ID = Field(text(ID_MAX, pattern=_ID, empty=False), required=True)
+KERNEL_REPORT: dict[str, Field] = {
+    "kernel_id": _KERNEL_ID,
+    # "" when the agent cannot know it (a "gone" for a kernel it never had).
+    "session_id": Field(text(ID_MAX, pattern=_ID)),
+    "status": Field(text(16, choices=KERNEL_REPORT_STATUSES), required=True),
+    "exit_code": Field(integer(EXIT_CODE_MIN, EXIT_CODE_MAX), nullable=True),
+    "container_id": Field(text(CONTAINER_ID_MAX, pattern=_ID), nullable=True),
+    "reason": Field(text(REASON_MAX), nullable=True),
+}
+_REPORTS = Field(list_of(KERNEL_REPORT, REPORTS_MAX), required=True)
+
+# Message type -> its fields ("type" aside). Nothing else is accepted from an agent.
+AGENT_MESSAGES: dict[str, dict[str, Field]] = {
+    REGISTER: {
+        "protocol": Field(integer(0, 2**31 - 1), nullable=True),
+        "hostname": Field(text(HOSTNAME_MAX)),
+        "backend": Field(text(16, choices=BACKENDS)),
+        "resource_group": Field(text(RESOURCE_GROUP_MAX), nullable=True),
+        "slots": Field(slot_map),
+        "labels": Field(label_map),
+        "version": Field(text(VERSION_MAX)),
+        "kernels": _REPORTS,
+    },
+    HEARTBEAT: {"kernels": _REPORTS, "slots": Field(slot_map, nullable=True)},
+    KERNEL_STATUS: KERNEL_REPORT,
+    LOG_CHUNK: {
+        "kernel_id": _KERNEL_ID,
+        "stream_id": Field(text(ID_MAX, pattern=_ID, empty=False), required=True),
+        "data": Field(text(LOG_CHUNK_DATA_MAX, nul=True), required=True),
+    },
+    LOG_TAIL: {
+        "kernel_id": _KERNEL_ID,
+        "data": Field(text(LOG_TAIL_DATA_MAX, nul=True), required=True),
+    },
+    TERM_OUTPUT: {
+        "term_id": _TERM_ID,
+        "data": Field(text(TERM_DATA_MAX, nul=True), required=True),
+    },
+    TERM_CLOSED: {"term_id": _TERM_ID, "reason": Field(text(REASON_MAX), nullable=True)},
+    ERROR: {
+        "message": Field(text(MESSAGE_MAX), nullable=True),
+        "stream_id": Field(text(ID_MAX, pattern=_ID)),
+    },
+}
+
+
+def validate(message: Any) -> str | None:
+    """Why an agent -> manager message breaks the protocol, or None when every
+    field is known, present when required, and within its bounds."""
+    if not isinstance(message, dict):
+        return f"a frame must be a JSON object, not {type(message).__name__}"
+    kind = message.get("type")
+    fields = AGENT_MESSAGES.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return f"unknown message type {_shown(kind)}"
+    refusal = record_refusal(fields, message, skip="type")
+    return f"{kind}.{refusal}" if refusal else None
+
+
+def _too_long(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and len(value) > limit
+
+
+def fit(frame: dict[str, Any]) -> dict[str, Any]:
+    """The agent's side of the bounds: free text (reasons, messages, hostname,
+    version) cut to fit, so that a long error text never gets a report refused.
+    The frame itself when nothing is too long (the usual case, on the terminal's
+    hot path), else a cut copy; ids and data are left alone."""
+    cuts = _REGISTER_CUTS if frame.get("type") == REGISTER else _CUTS
+    fitted = frame
+    for key, limit in cuts.items():
+        if _too_long(frame.get(key), limit):
+            fitted = fitted if fitted is not frame else dict(frame)
+            fitted[key] = frame[key][:limit]
+    kernels = frame.get("kernels")
+    if isinstance(kernels, list) and any(
+        isinstance(k, dict) and _too_long(k.get("reason"), REASON_MAX) for k in kernels
+    ):
+        fitted = fitted if fitted is not frame else dict(frame)
+        fitted["kernels"] = [
+            {**k, "reason": k["reason"][:REASON_MAX]}
+            if isinstance(k, dict) and _too_long(k.get("reason"), REASON_MAX)
+            else k
+            for k in kernels
+        ]
+    return fitted
+
+
+_CUTS = {"reason": REASON_MAX, "message": MESSAGE_MAX}
+_REGISTER_CUTS = {**_CUTS, "hostname": HOSTNAME_MAX, "version": VERSION_MAX}
 
 
 # --- inside the manager: the channel layer ---------------------------------

@@ -18,6 +18,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from scheduler_app.consumers import start_listening_beacon  # noqa: E402
 from scheduler_app.routing import websocket_urlpatterns as agent_patterns  # noqa: E402
 from sessions_app.auth import SameOriginValidator, TokenAuthMiddleware  # noqa: E402
 from sessions_app.routing import websocket_urlpatterns as browser_patterns  # noqa: E402
@@ -38,3 +39,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# This process serves the agent gateway: the lost-agent sweep counts agents'
+# silence only while some gateway listens (scheduler_app.reconcile).
+start_listening_beacon()

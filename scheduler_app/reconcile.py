@@ -7,10 +7,12 @@
   nudge that makes a gateway reconcile now (``notify_agents``);
 - applying kernel reports and results (``kernel_apply_report``), occupancy shown to
   admins (``agent_refresh_occupancy``), kept log tails (``kernel_store_log_tail``);
-- the lost-agent sweep (``sweep_lost_agents``).
+- liveness: a heartbeat's time, recorded apart from its report (``agent_heartbeat``);
+  the gateway's listening beacon and the lost-agent sweep (``sweep_lost_agents``).
 
 An agent speaks only about its own kernels: every report is looked up with the
-agent's id, and a report about another agent's kernel changes nothing.
+agent's id, and a report about another agent's kernel changes nothing. The gateway
+has checked every field against ``agent.protocol`` before anything here runs.
 User-facing services (``sessions_app.services``) never compose agent messages:
 ending a session marks its kernels TERMINATING and asks for their agents to be
 reconciled, and the destroys leave from here.
@@ -19,11 +21,13 @@ reconciled, and the destroys leave from here.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -184,12 +188,12 @@ def agent_reconcile(
     """Compare desired state (database) with the agent's report and return
     the commands that close the gap. ``reports`` None: no fresh report (a
     nudge after a scheduling pass or a terminate): create what is new and
-    destroy what is ending.
+    destroy what is ending. The heartbeat's time is not recorded here but by
+    ``agent_heartbeat``, the moment the heartbeat arrives.
     """
     now = now or timezone.now()
     reported: dict[str, dict[str, Any]] = {}
     if reports is not None:
-        Agent.objects.filter(pk=agent_id).update(last_heartbeat_at=now)
         reported = {str(r["kernel_id"]): r for r in reports if r.get("kernel_id")}
         for kernel_id, report in reported.items():
             _apply_report(agent_id=agent_id, kernel_id=kernel_id, report=report)
@@ -258,16 +262,25 @@ def _gaps(
     return to_create, to_destroy
 
 
-def _apply_report(*, agent_id: str, kernel_id: str, report: dict[str, Any]) -> None:
+def _apply_report(*, agent_id: str, kernel_id: str, report: dict[str, Any]) -> bool:
     kernel = Kernel.objects.filter(pk=_uuid_or_none(kernel_id), agent_id=agent_id).first()
-    if kernel is None or kernel.status in TERMINAL:
-        return
-    kernel_apply_report(kernel=kernel, report=report)
+    if kernel is None:
+        return False
+    if kernel.status not in TERMINAL:
+        kernel_apply_report(kernel=kernel, report=report)
+    return True
 
 
-def agent_kernel_report(*, agent_id: str, report: dict[str, Any]) -> None:
-    """A kernel_status message: apply it at once."""
-    _apply_report(agent_id=agent_id, kernel_id=str(report.get("kernel_id")), report=report)
+def agent_kernel_report(*, agent_id: str, report: dict[str, Any]) -> bool:
+    """A kernel_status message: apply it at once. Returns whether the kernel is
+    one of that agent's (a report about any other kernel changes nothing)."""
+    return _apply_report(agent_id=agent_id, kernel_id=str(report.get("kernel_id")), report=report)
+
+
+def agent_heartbeat(*, agent_id: str, now: datetime | None = None) -> None:
+    """Record that the agent was heard from: one indexed update, nothing else, so
+    that it never waits behind the reports the agent sent before."""
+    Agent.objects.filter(pk=agent_id).update(last_heartbeat_at=now or timezone.now())
 
 
 def _uuid_or_none(value: str) -> Any:
@@ -370,18 +383,90 @@ def kernel_store_log_tail(*, agent_id: str, kernel_id: str, data: str) -> bool:
     """
     limit = settings.BAI_LOG_TAIL_BYTES
     tail = data.encode("utf-8", "replace")[-limit:].decode("utf-8", "ignore")
+    # Output may hold NUL bytes; PostgreSQL text cannot.
+    tail = tail.replace("\x00", "\ufffd")
     pk = _uuid_or_none(kernel_id)
     return bool(pk) and Kernel.objects.filter(pk=pk, agent_id=agent_id).update(log_tail=tail) == 1
 
 
 # --- lost agents -----------------------------------------------------------
+#
+# Silence only counts while someone listens. Each process that serves the agent
+# gateway beats a Redis key (``gateway_listening_beat``): set once with the time it
+# found the key absent -- the start of this listening period -- and its expiry pushed
+# on at every beat. When every gateway is gone (a daphne restart), the key expires
+# after a third of the lost timeout, and the next beat starts a new period. The
+# sweep declares an agent LOST only when it has been silent for the whole timeout
+# *and* gateways have been listening for the whole timeout: a manager that was away
+# longer than the timeout gives every agent a full timeout to dial back in, and a
+# session that was starting meanwhile is adopted from the agent's report when it
+# does, not failed. A truly silent agent is still LOST one timeout after the return.
+
+
+def _listening_ttl() -> float:
+    return max(0.3, settings.BAI_AGENT_LOST_TIMEOUT / 3)
+
+
+def gateway_listening_period() -> float:
+    """Seconds between two beats of a gateway process (several beats per expiry)."""
+    return _listening_ttl() / 3
+
+
+def gateway_listening_key() -> str:
+    # Keyed by database too: test runs and a dev server may share one Redis.
+    return f"bai:gateway-listening:{settings.DATABASES['default']['NAME']}"
+
+
+_redis_clients: dict[str, redis.Redis] = {}
+
+
+def _redis() -> redis.Redis:
+    client = _redis_clients.get(settings.REDIS_URL)
+    if client is None:
+        client = _redis_clients[settings.REDIS_URL] = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+        )
+    return client
+
+
+def gateway_listening_beat(*, now: float | None = None) -> None:
+    """A gateway process is listening for agents now (raises redis.RedisError)."""
+    key, ttl_ms = gateway_listening_key(), int(_listening_ttl() * 1000)
+    pipe = _redis().pipeline(transaction=False)
+    pipe.set(key, repr(now if now is not None else time.time()), nx=True, px=ttl_ms)
+    pipe.pexpire(key, ttl_ms)
+    pipe.execute()
+
+
+def gateway_listening_since() -> datetime | None:
+    """Since when gateways have been listening without a break; None: none is
+    listening now. Raises redis.RedisError when Redis cannot say."""
+    raw = _redis().get(gateway_listening_key())
+    if raw is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(raw), tz=UTC)
+    except (ValueError, OverflowError):
+        logger.warning("gateway listening key holds %r; counting from now", raw[:40])
+        return timezone.now()
 
 
 def sweep_lost_agents(*, now: datetime | None = None) -> list[str]:
-    """Agents silent past the timeout become LOST; their kernels end with that
-    reason (their sessions too) and their slots are freed. Safe to run twice."""
+    """Agents silent past the timeout, while gateways listened all that time,
+    become LOST; their kernels end with that reason (their sessions too) and their
+    slots are freed. Safe to run twice."""
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.BAI_AGENT_LOST_TIMEOUT)
+    try:
+        since = gateway_listening_since()
+    except redis.RedisError:
+        # Without the beacon the sweep cannot tell a manager restart from silent
+        # agents: it falls back to heartbeats alone rather than never sweeping.
+        logger.warning("redis unavailable: the lost-agent sweep goes by heartbeats alone")
+        since = datetime.min.replace(tzinfo=UTC)
+    if since is None or since > now - timeout:
+        # Nobody listened for the whole timeout: silence proves nothing yet.
+        return []
     lost: list[str] = []
     candidates = Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat_at__lt=now - timeout)
     for agent_id, group_id, last in candidates.values_list(

@@ -1,0 +1,192 @@
+"""The bounds of every agent -> manager field (agent/protocol.py): pure, no Django."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent import protocol
+
+
+def _report(**changes):
+    report = {
+        "kernel_id": "0b5c2c1e-8d7f-4a44-9a0e-2f6f3a5a9c10",
+        "session_id": "0b5c2c1e-8d7f-4a44-9a0e-2f6f3a5a9c10",
+        "status": protocol.KR_RUNNING,
+        "exit_code": None,
+        "container_id": "f" * 64,
+        "reason": None,
+    }
+    report.update(changes)
+    return report
+
+
+def _register(**changes):
+    message = {
+        "type": protocol.REGISTER,
+        "protocol": protocol.PROTOCOL_VERSION,
+        "hostname": "node-a",
+        "backend": "docker",
+        "resource_group": None,
+        "slots": {"cpu": "8", "mem": str(16 * 2**30), "cuda.shares": "0.5"},
+        "labels": {"zone": "a"},
+        "version": "0.1.0",
+        "kernels": [_report()],
+    }
+    message.update(changes)
+    return message
+
+
+VALID = [
+    _register(),
+    _register(slots={"cpu": 4, "mem": "1024", "cuda.device": "1.000"}, kernels=[]),
+    {"type": protocol.HEARTBEAT, "kernels": [_report(), _report(status="exited", exit_code=-9)]},
+    {"type": protocol.HEARTBEAT, "kernels": [], "slots": None},
+    {"type": protocol.KERNEL_STATUS, **_report(session_id="", status="gone")},
+    {"type": protocol.LOG_CHUNK, "kernel_id": "k1", "stream_id": "ab12", "data": "a\x00b"},
+    {"type": protocol.LOG_TAIL, "kernel_id": "k1", "data": "é" * 1000},
+    {"type": protocol.TERM_OUTPUT, "term_id": "aa-bb", "data": "$ "},
+    {"type": protocol.TERM_CLOSED, "term_id": "aa-bb", "reason": "shell exited"},
+    {"type": protocol.ERROR, "message": "logs_follow s1: no such kernel", "stream_id": "s1"},
+]
+
+
+@pytest.mark.parametrize("message", VALID, ids=lambda m: m["type"])
+def test_a_message_the_agent_sends_passes(message):
+    assert protocol.validate(message) is None
+
+
+REFUSED = {
+    "cpu far beyond any node": (_register(slots={"cpu": "1e100"}), "slots: cpu"),
+    "a negative device count": (_register(slots={"cuda.device": "-1"}), "negative"),
+    "NaN cpu": (_register(slots={"cpu": "NaN"}), "not a finite decimal"),
+    "infinite cpu": (_register(slots={"cpu": "Infinity"}), "not a finite decimal"),
+    "a fraction of a byte": (_register(slots={"mem": "1.5"}), "whole number"),
+    "a ten-thousandth of a cpu": (_register(slots={"cpu": "0.0001"}), "3 decimal places"),
+    "a float amount": (_register(slots={"cpu": 1.5}), "decimal string"),
+    "a boolean amount": (_register(slots={"cpu": True}), "decimal string"),
+    "too many slots": (
+        _register(slots={f"s{i}": "1" for i in range(protocol.SLOTS_MAX + 1)}),
+        "slots",
+    ),
+    "a slot name with spaces": (_register(slots={"c p u": "1"}), "slot name"),
+    "an unknown backend": (_register(backend="vm"), "backend"),
+    "a long hostname": (_register(hostname="h" * 256), "hostname"),
+    "a long version": (_register(version="v" * 65), "version"),
+    "too many labels": (
+        _register(labels={str(i): "x" for i in range(protocol.LABELS_MAX + 1)}),
+        "labels",
+    ),
+    "a long label value": (_register(labels={"k": "v" * 257}), "label k"),
+    "a label that is not text": (_register(labels={"k": 1}), "label k"),
+    "a group name that is not text": (_register(resource_group=["gpu"]), "resource_group"),
+    "no kernel list": (
+        {k: v for k, v in _register().items() if k != "kernels"},
+        "kernels: missing",
+    ),
+    "an exit code beyond int32": (
+        {"type": protocol.KERNEL_STATUS, **_report(exit_code=2**40)},
+        "exit_code",
+    ),
+    "a boolean exit code": ({"type": protocol.KERNEL_STATUS, **_report(exit_code=True)}, "exit"),
+    "a 10 KB container id": (
+        {"type": protocol.KERNEL_STATUS, **_report(container_id="c" * 10_000)},
+        "container_id",
+    ),
+    "a long reason": ({"type": protocol.KERNEL_STATUS, **_report(reason="r" * 501)}, "reason"),
+    "a reason with NUL": ({"type": protocol.KERNEL_STATUS, **_report(reason="a\x00")}, "NUL"),
+    "an unknown status": ({"type": protocol.KERNEL_STATUS, **_report(status="happy")}, "status"),
+    "a kernel id with a slash": (
+        {"type": protocol.KERNEL_STATUS, **_report(kernel_id="../x")},
+        "kernel_id",
+    ),
+    "an empty kernel id": ({"type": protocol.KERNEL_STATUS, **_report(kernel_id="")}, "empty"),
+    "a lone surrogate": ({"type": protocol.KERNEL_STATUS, **_report(reason="\ud800")}, "surrog"),
+    "an unknown field": ({"type": protocol.KERNEL_STATUS, **_report(), "extra": 1}, "unknown"),
+    "too many reports": (
+        {"type": protocol.HEARTBEAT, "kernels": [_report()] * (protocol.REPORTS_MAX + 1)},
+        "kernels: 4097 items",
+    ),
+    "a report that is not an object": ({"type": protocol.HEARTBEAT, "kernels": [1]}, "[0]"),
+    "a nested report in a report": (
+        {"type": protocol.HEARTBEAT, "kernels": [_report(reason={"deep": [1]})]},
+        "reason",
+    ),
+    "a huge log chunk": (
+        {
+            "type": protocol.LOG_CHUNK,
+            "kernel_id": "k",
+            "stream_id": "s",
+            "data": "x" * (protocol.LOG_CHUNK_DATA_MAX + 1),
+        },
+        "data",
+    ),
+    "a log tail without data": ({"type": protocol.LOG_TAIL, "kernel_id": "k"}, "data: missing"),
+    "terminal output that is not text": (
+        {"type": protocol.TERM_OUTPUT, "term_id": "t", "data": 5},
+        "data",
+    ),
+    "an unknown type": ({"type": "steal_kernels"}, "unknown message type"),
+    "no type": ({"kernels": []}, "unknown message type"),
+    "not an object": ([1, 2], "JSON object"),
+}
+
+
+@pytest.mark.parametrize("message, expected", REFUSED.values(), ids=list(REFUSED))
+def test_a_message_out_of_bounds_is_refused_with_the_field_named(message, expected):
+    refusal = protocol.validate(message)
+    assert refusal is not None
+    assert expected in refusal
+
+
+def test_a_refusal_never_quotes_a_huge_value():
+    refusal = protocol.validate({"type": protocol.KERNEL_STATUS, **_report(reason="r" * 10**6)})
+    assert refusal is not None and len(refusal) < 200
+
+
+BAD_FRAMES = {
+    "oversize": ('{"type": "heartbeat", "pad": "' + "x" * 100 + '"}', "at most 64"),
+    "not JSON": ("{type: heartbeat}", "not JSON"),
+    "an array": ("[1, 2]", "JSON object"),
+    "a number": ("42", "JSON object"),
+    "deep nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "NaN": ('{"type": "heartbeat", "x": NaN}', "NaN"),
+    "a huge integer": ('{"exit_code": ' + "9" * 5000 + "}", "digits"),
+    "an infinite float": ('{"x": 1e999}', "out of range"),
+}
+
+
+@pytest.mark.parametrize("frame, expected", BAD_FRAMES.values(), ids=list(BAD_FRAMES))
+def test_a_bad_frame_is_refused_with_a_reason(frame, expected):
+    with pytest.raises(protocol.FrameError, match=expected):
+        protocol.decode_frame(frame, max_chars=64 if expected == "at most 64" else 10**6)
+
+
+def test_a_good_frame_decodes_to_its_object():
+    frame = json.dumps({"type": protocol.HEARTBEAT, "kernels": [_report()]})
+    assert protocol.decode_frame(frame)["kernels"][0]["status"] == protocol.KR_RUNNING
+
+
+def test_the_frame_limit_holds_the_configured_log_tail_fully_escaped():
+    tail = "\x01" * 256 * 1024
+    frame = json.dumps({"type": protocol.LOG_TAIL, "kernel_id": "k", "data": tail})
+    assert len(frame) <= protocol.max_frame_chars(256 * 1024)
+    assert protocol.max_frame_chars(1024) == protocol.FRAME_CHARS_MIN
+
+
+def test_the_agent_cuts_long_free_text_to_fit_the_bounds():
+    frame = {
+        "type": protocol.HEARTBEAT,
+        "kernels": [_report(status="error", reason="docker said: " + "x" * 5000)],
+    }
+    fitted = protocol.fit(frame)
+    assert protocol.validate(frame) is not None
+    assert protocol.validate(fitted) is None
+    assert fitted["kernels"][0]["reason"].startswith("docker said: ")
+    assert len(frame["kernels"][0]["reason"]) > protocol.REASON_MAX  # the original is left alone
+
+
+def test_a_frame_within_the_bounds_is_sent_as_it_is():
+    frame = {"type": protocol.TERM_OUTPUT, "term_id": "t", "data": "x" * 10_000}
+    assert protocol.fit(frame) is frame

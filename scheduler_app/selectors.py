@@ -16,7 +16,7 @@ import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -182,10 +182,17 @@ def agent_occupancy(
 AGENT_REJECTED = "not schedulable:"
 
 
-def _session_refusal(session: Session, *, has_kernels: bool) -> str | None:
+# A session is written with its kernels in one transaction; one without any
+# for this long was not (a writer that commits them separately is given time).
+NO_KERNELS_GRACE = timedelta(minutes=1)
+
+
+def _session_refusal(session: Session, *, has_kernels: bool, now: datetime) -> str | None:
     """Why a pending session (its kernels' slots aside) can never be scheduled, or None."""
     if not has_kernels:
-        return "cannot be scheduled: it has no kernels"
+        if now - session.created_at > NO_KERNELS_GRACE:
+            return "cannot be scheduled: it has no kernels"
+        return None
     starts_at = session.starts_at
     if starts_at is not None:
         if starts_at in (FAR_PAST, FAR_FUTURE):
@@ -255,11 +262,12 @@ def build_snapshot(
 
     schedulable: list[Session] = []
     for s in pending:
-        why = bad_kernels.get(s.pk) or _session_refusal(s, has_kernels=s.pk in kernels_by_session)
-        if why is None:
-            schedulable.append(s)
-        else:
+        has_kernels = s.pk in kernels_by_session
+        why = bad_kernels.get(s.pk) or _session_refusal(s, has_kernels=has_kernels, now=now)
+        if why is not None:
             rejects.sessions[str(s.pk)] = why
+        elif has_kernels:
+            schedulable.append(s)
     pending_states = tuple(
         policy.PendingSession(
             session_id=str(s.pk),

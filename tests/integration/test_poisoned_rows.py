@@ -23,8 +23,8 @@ from django.utils import timezone
 from session_steps import launch, place, run
 
 from backendai_web.db import FAR_FUTURE, FAR_PAST
+from scheduler_app import selectors, sweeps
 from scheduler_app import services as scheduler
-from scheduler_app import sweeps
 from sessions_app import deadlines
 from sessions_app.models import (
     Agent,
@@ -195,9 +195,13 @@ def test_a_pass_cancels_a_pending_session_without_kernels(alice, bob, image, age
     Kernel.objects.filter(session=poisoned).delete()
     others = launch(bob, name="others")
 
+    # Its kernels may still be on their way (written by a slower writer): it waits a while.
     scheduler.schedule_pass(group_id=others.resource_group_id)
-
     assert place(others).status == Status.SCHEDULED
+    assert the_reason(poisoned)[0] == Status.PENDING
+
+    later = timezone.now() + selectors.NO_KERNELS_GRACE + timedelta(seconds=1)
+    scheduler.schedule_pass(group_id=others.resource_group_id, now=later)
     assert the_reason(poisoned) == (Status.CANCELLED, "cannot be scheduled: it has no kernels")
 
 

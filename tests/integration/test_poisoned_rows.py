@@ -53,8 +53,10 @@ def _roomy_default_policy(group):
 
 @pytest.fixture
 def postgres():
+    """Dates beyond Python's range and durations beyond 2**63 microseconds: only
+    PostgreSQL stores them (SQLite refuses them on the way in)."""
     if connection.vendor != "postgresql":
-        skip_or_fail("dates beyond Python's range need PostgreSQL (set DATABASE_URL)")
+        skip_or_fail("this poison needs PostgreSQL to be stored (set DATABASE_URL)")
 
 
 def set_with_sql(session: Session, column: str, value: str) -> None:
@@ -176,7 +178,9 @@ def test_a_pass_cancels_a_session_that_starts_later_than_the_api_would_ever_allo
     assert "is more than 366 days after it was created" in reason
 
 
-def test_a_pass_cancels_a_pending_session_with_an_enormous_batch_timeout(alice, bob, image, agent):
+def test_a_pass_cancels_a_pending_session_with_an_enormous_batch_timeout(
+    postgres, alice, bob, image, agent
+):
     poisoned = launch(alice, name="poisoned", type="batch", startup_command="true")
     Session.objects.filter(pk=poisoned.pk).update(batch_timeout=timedelta(seconds=8e13))
     others = launch(bob, name="others")
@@ -272,7 +276,7 @@ def test_the_owners_list_terminate_and_the_admins_list_answer_with_a_far_off_sta
     assert the_reason(poisoned)[0] == Status.CANCELLED
 
 
-def test_the_owners_list_shows_an_enormous_batch_timeout_as_due(api, alice, image, agent):
+def test_the_owners_list_shows_an_enormous_batch_timeout_as_due(postgres, api, alice, image, agent):
     session = run(launch(alice, name="poisoned", type="batch", startup_command="true"))
     Session.objects.filter(pk=session.pk).update(batch_timeout=timedelta(seconds=8e13))
 
@@ -284,7 +288,7 @@ def test_the_owners_list_shows_an_enormous_batch_timeout_as_due(api, alice, imag
     assert body["seconds_left"] == 0
 
 
-def test_a_lifetime_limit_too_long_to_reach_shows_no_deadline(api, alice, image, agent):
+def test_a_lifetime_limit_too_long_to_reach_shows_no_deadline(postgres, api, alice, image, agent):
     ResourcePolicy.objects.filter(is_default=True).update(
         max_session_lifetime=timedelta(days=999_999_000), idle_timeout=timedelta(days=999_999_000)
     )
@@ -311,7 +315,7 @@ def _batch(owner, name, timeout):
 
 
 def test_a_sweep_ends_a_session_with_an_enormous_batch_timeout_with_the_reason_and_the_others_too(
-    alice, bob, image, agent
+    postgres, alice, bob, image, agent
 ):
     poisoned = _batch(alice, "poisoned", 60)
     Session.objects.filter(pk=poisoned.pk).update(batch_timeout=timedelta(seconds=8e13))
@@ -340,7 +344,7 @@ def test_a_sweep_ends_a_session_whose_batch_timeout_is_not_positive(alice, image
     assert "is out of range" in the_reason(poisoned)[1]
 
 
-def test_a_sweep_carries_on_past_limits_too_long_to_reach(alice, bob, image, agent):
+def test_a_sweep_carries_on_past_limits_too_long_to_reach(postgres, alice, bob, image, agent):
     ResourcePolicy.objects.filter(is_default=True).update(
         max_session_lifetime=timedelta(days=999_999_000), idle_timeout=timedelta(days=999_999_000)
     )

@@ -286,6 +286,13 @@ BAI_AGENT_HEARTBEAT_INTERVAL = env_float("BAI_AGENT_HEARTBEAT_INTERVAL", 3.0, mi
 BAI_AGENT_LOST_TIMEOUT = env_float("BAI_AGENT_LOST_TIMEOUT", 30.0, minimum=0.5)
 BAI_LOG_TAIL_BYTES = env_int("BAI_LOG_TAIL_BYTES", 64 * 1024, minimum=1024)
 BAI_TERMINAL_MAX_INPUT = env_int("BAI_TERMINAL_MAX_INPUT", 64 * 1024, minimum=16)
+# Open terminals per user, across sessions and daphne processes; one more is
+# refused with close code 4429.
+BAI_MAX_TERMINALS_PER_USER = env_int("BAI_MAX_TERMINALS_PER_USER", 16, minimum=1)
+# Seconds a "pass queued" flag holds back further requests for a pass: how long
+# scheduling may stall when a worker dies with a pass queued (beat's backstop
+# and a starting worker clear it sooner).
+BAI_PASS_QUEUED_TTL = env_int("BAI_PASS_QUEUED_TTL", 3, minimum=1)
 
 if PRODUCTION:
     SESSION_COOKIE_SECURE = True

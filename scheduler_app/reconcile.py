@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from agent import protocol
@@ -453,8 +453,19 @@ def gateway_listening_since() -> datetime | None:
 
 def sweep_lost_agents(*, now: datetime | None = None) -> list[str]:
     """Agents silent past the timeout, while gateways listened all that time,
-    become LOST; their kernels end with that reason (their sessions too) and their
-    slots are freed. Safe to run twice."""
+    become LOST; their kernels end with that
+    reason (their sessions too) and their slots are freed. Safe to run twice,
+    and to interrupt: returns the agents it declared lost.
+
+    Lock order, as everywhere: the group's lock before its agents (as a pass
+    takes them), and a session before its kernels before their agent (as
+    reports and terminations take them). So an agent is declared lost in one
+    short transaction under the group's lock (a pass that placed there has
+    committed, and later passes see it LOST), and each of its kernels then ends
+    in its own transaction through ``kernel_apply_report``. The kernels of
+    every LOST agent are looked for, so those a killed sweep left are ended by
+    the next one; a kernel that cannot be ended now is left for the next.
+    """
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.BAI_AGENT_LOST_TIMEOUT)
     try:
@@ -472,19 +483,23 @@ def sweep_lost_agents(*, now: datetime | None = None) -> list[str]:
     for agent_id, group_id, last in candidates.values_list(
         "pk", "resource_group_id", "last_heartbeat_at"
     ):
+        silent = int((now - last).total_seconds())
+        reason = f"agent {agent_id} lost: no heartbeat for {silent} s"
         with transaction.atomic():
             lock_group(group_id)
-            silent = int((now - last).total_seconds())
-            reason = f"agent {agent_id} lost: no heartbeat for {silent} s"
             moved = Agent.objects.filter(
                 pk=agent_id, status=AgentStatus.ALIVE, last_heartbeat_at__lt=now - timeout
             ).update(status=AgentStatus.LOST, status_reason=reason, lost_at=now, occupied_slots={})
-            if not moved:
-                continue
+        if moved:
             lost.append(agent_id)
             logger.warning("%s", reason)
-            for kernel in Kernel.objects.filter(agent_id=agent_id, status__in=OCCUPYING):
-                kernel_apply_report(
-                    kernel=kernel, report={"status": protocol.KR_ERROR, "reason": reason}
-                )
+    for kernel in Kernel.objects.filter(
+        agent__status=AgentStatus.LOST, status__in=OCCUPYING
+    ).select_related("agent"):
+        assert kernel.agent is not None
+        why = kernel.agent.status_reason or f"agent {kernel.agent_id} lost"
+        try:
+            kernel_apply_report(kernel=kernel, report={"status": protocol.KR_ERROR, "reason": why})
+        except DatabaseError:
+            logger.exception("lost-agent sweep: kernel %s not ended; next sweep retries", kernel.pk)
     return lost

@@ -1,11 +1,22 @@
-"""Reads that build the scheduler's plain snapshots from the database."""
+"""Reads that build the scheduler's plain snapshots from the database.
+
+Every row is checked as it is read, since a row written around the API (by
+hand, or by an older release) must not stop a pass: a pending session whose
+kernels ask for slots the policy cannot use (``1e-19`` cpu, ``NaN``, text),
+whose start time or batch timeout is out of range, or that has no kernels is
+left out of the snapshot and named in ``Rejects`` with the reason the pass
+records on it; so is an agent whose capacity, or a kernel it runs, cannot be
+read. Slots are checked against their documented precision
+(``sessions_app.policy.slot_value_refusal``).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections import defaultdict
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -13,7 +24,11 @@ from django.conf import settings
 from django.db.models import Count, Q, TextField
 from django.db.models.functions import Cast
 
+from backendai_web.db import FAR_FUTURE, FAR_PAST
+from bai_common import units
 from sessions_app import agent_selectors
+from sessions_app.deadlines import batch_timeout_refusal
+from sessions_app.launch import MAX_START_AHEAD
 from sessions_app.models import (
     ACTIVE,
     OCCUPYING,
@@ -27,7 +42,7 @@ from sessions_app.models import (
     Status,
     UserResourcePolicy,
 )
-from sessions_app.policy import dependency_state
+from sessions_app.policy import dependency_state, slot_value_refusal
 
 from . import policy
 
@@ -39,21 +54,63 @@ _UNLIMITED = Decimal(10) ** 30
 _ZERO = Decimal(0)
 
 
-def _slots(raw: dict[str, Any] | None) -> policy.ResourceSlots:
-    return policy.ResourceSlots.from_mapping(raw or {})
+@dataclass
+class Rejects:
+    """Rows a pass leaves out, each with the reason it records on that row."""
+
+    sessions: dict[str, str] = field(default_factory=dict)  # session id -> reason
+    agents: dict[str, str] = field(default_factory=dict)  # agent id -> reason
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else f"{text[:61]}..."
+
+
+def _read_slots(text: str | None, *, strict: bool) -> dict[str, Decimal] | str:
+    """Stored slots (JSON text) as exact amounts, or why they cannot be used:
+    "cpu '1e-19', which is out of range (...)". ``strict``: also the documented
+    precision and ceiling of every slot (requests and capacities, which the
+    API and the gateway bound); otherwise any finite, non-negative amount
+    (what placed kernels hold, whatever they were given)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return f"slots {_shown(text)}, which are not JSON"
+    if not isinstance(raw, dict):
+        return f"slots {_shown(raw)}, which are not a mapping of slot to amount"
+    amounts: dict[str, Decimal] = {}
+    for slot, value in raw.items():
+        name, shown = str(slot)[:64], _shown(value)
+        try:
+            amount = units.parse_amount(value)
+        except ValueError as exc:
+            detail = str(exc)
+            if detail.startswith(f"{shown} "):
+                return f"{name} {shown}, which {detail[len(shown) + 1 :]}"
+            return f"{name} {shown}: {detail}"
+        why = slot_value_refusal(name, amount) if strict else None
+        if why is not None:
+            return f"{name} {shown}: {why.removeprefix(f'{name}: ')}"
+        amounts[name] = amount
+    return amounts
 
 
 class _SlotsCache:
     """Parse each distinct stored slot dict once per pass: thousands of kernels
-    share a handful of shapes, and parsing exact decimals is the costly part."""
+    share a handful of shapes, and parsing exact decimals is the costly part.
+    Returns the slots, or why they cannot be used (``_read_slots``, strict)."""
 
     def __init__(self) -> None:
-        self._parsed: dict[str, policy.ResourceSlots] = {}
+        self._parsed: dict[str, policy.ResourceSlots | str] = {}
 
-    def __call__(self, text: str | None) -> policy.ResourceSlots:
+    def __call__(self, text: str | None) -> policy.ResourceSlots | str:
         slots = self._parsed.get(text or "")
         if slots is None:
-            slots = self._parsed[text or ""] = _slots(json.loads(text) if text else None)
+            amounts = _read_slots(text, strict=True)
+            slots = self._parsed[text or ""] = (
+                amounts if isinstance(amounts, str) else policy.ResourceSlots.from_mapping(amounts)
+            )
         return slots
 
 
@@ -82,27 +139,43 @@ def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
     )
 
 
-def _sum_slots(rows: Any) -> dict[Any, dict[str, Decimal]]:
+def _sum_slots(
+    rows: Any, unreadable: dict[Any, str] | None = None
+) -> dict[Any, dict[str, Decimal]]:
     """(key, slots as JSON text) rows summed per key, exactly; each distinct text
-    is decoded once (thousands of kernels share a few shapes)."""
+    is decoded once (thousands of kernels share a few shapes). A row that
+    cannot be read is left out of its key's sum, and the key is named in
+    ``unreadable`` with the reason."""
     totals: dict[Any, dict[str, Decimal]] = defaultdict(dict)
-    parsed: dict[str, list[tuple[str, Decimal]]] = {}
+    parsed: dict[str, list[tuple[str, Decimal]] | str] = {}
     for key, text in rows:
         items = parsed.get(text)
         if items is None:
-            items = parsed[text] = [(k, Decimal(str(v))) for k, v in json.loads(text).items()]
+            amounts = _read_slots(text, strict=False)
+            items = parsed[text] = amounts if isinstance(amounts, str) else list(amounts.items())
+        if isinstance(items, str):
+            logger.warning("slots of a kernel held by %s cannot be read: %s", key, items)
+            if unreadable is not None:
+                unreadable.setdefault(key, items)
+            continue
         held = totals[key]
         for slot, value in items:
             held[slot] = held.get(slot, _ZERO) + value
     return totals
 
 
-def agent_occupancy(*, agent_ids: list[str]) -> dict[str, dict[str, Decimal]]:
-    """Slots held on each agent by kernels that occupy resources (derived, never stored first)."""
+def agent_occupancy(
+    *, agent_ids: list[str], unreadable: dict[str, str] | None = None
+) -> dict[str, dict[str, Decimal]]:
+    """Slots held on each agent by kernels that occupy resources (derived, never stored first).
+
+    An agent running a kernel whose slots cannot be read is named in ``unreadable``.
+    """
     return _sum_slots(
         Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
             "agent_id", _as_text("requested_slots")
-        )
+        ),
+        unreadable,
     )
 
 
@@ -129,11 +202,50 @@ def _pinned(designated: Any) -> tuple[str, ...]:
     return (str(designated),) if designated else ()
 
 
+# The start of the status reason of an agent the pass leaves out.
+AGENT_REJECTED = "not schedulable:"
+
+
+# A session is written with its kernels in one transaction; one without any
+# for this long was not (a writer that commits them separately is given time).
+NO_KERNELS_GRACE = timedelta(minutes=1)
+
+
+def _session_refusal(session: Session, *, has_kernels: bool, now: datetime) -> str | None:
+    """Why a pending session (its kernels' slots aside) can never be scheduled, or None."""
+    if not has_kernels:
+        if now - session.created_at > NO_KERNELS_GRACE:
+            return "cannot be scheduled: it has no kernels"
+        return None
+    starts_at = session.starts_at
+    if starts_at is not None:
+        if starts_at in (FAR_PAST, FAR_FUTURE):
+            return "cannot be scheduled: its start time is not a date between the years 1 and 9999"
+        if starts_at - session.created_at > MAX_START_AHEAD:
+            return (
+                f"cannot be scheduled: its start time {starts_at.isoformat()} is more than "
+                f"{MAX_START_AHEAD.days} days after it was created"
+            )
+    why = batch_timeout_refusal(session.batch_timeout)
+    if why is not None:
+        return f"cannot be scheduled: its batch timeout {why}"
+    return None
+
+
 def build_snapshot(
-    *, group: ResourceGroup, now: datetime, pending: list[Session]
+    *,
+    group: ResourceGroup,
+    now: datetime,
+    pending: list[Session],
+    rejects: Rejects | None = None,
 ) -> policy.Snapshot:
     """Everything the policy needs for one pass over ``pending``: the PENDING
-    sessions of ``group`` that the pass holds (schedule_pass locks them)."""
+    sessions of ``group`` that the pass holds (schedule_pass locks them).
+
+    Sessions and agents that cannot be used are left out and named in
+    ``rejects`` (when given) with the reason to record on them.
+    """
+    rejects = rejects if rejects is not None else Rejects()
     group_names = dict(ResourceGroup.objects.values_list("pk", "name"))
     slots = _SlotsCache()
     # Kernels and dependencies are read by a join on the group's pending
@@ -142,14 +254,19 @@ def build_snapshot(
     # which nothing below looks up.
     in_queue = Q(session__resource_group=group, session__status=Status.PENDING)
     kernels_by_session: dict[Any, list[policy.KernelRequest]] = defaultdict(list)
-    for kernel_id, session_id, requested in (
+    bad_kernels: dict[Any, str] = {}
+    for kernel_id, session_id, hostname, requested in (
         Kernel.objects.filter(in_queue)
         .order_by("local_rank")
-        .values_list("pk", "session_id", _as_text("requested_slots"))
+        .values_list("pk", "session_id", "cluster_hostname", _as_text("requested_slots"))
     ):
-        kernels_by_session[session_id].append(
-            policy.KernelRequest(str(kernel_id), slots(requested))
-        )
+        asked = slots(requested)
+        if isinstance(asked, str):
+            bad_kernels.setdefault(
+                session_id, f"cannot be scheduled: kernel {hostname} asks for {asked}"
+            )
+        else:
+            kernels_by_session[session_id].append(policy.KernelRequest(str(kernel_id), asked))
 
     depends: dict[Any, list[str]] = defaultdict(list)
     through = Session.depends_on.through
@@ -167,6 +284,14 @@ def build_snapshot(
         ).values_list("pk", "status", "result", "name", "exit_code", "status_reason")
     }
 
+    schedulable: list[Session] = []
+    for s in pending:
+        has_kernels = s.pk in kernels_by_session
+        why = bad_kernels.get(s.pk) or _session_refusal(s, has_kernels=has_kernels, now=now)
+        if why is not None:
+            rejects.sessions[str(s.pk)] = why
+        elif has_kernels:
+            schedulable.append(s)
     pending_states = tuple(
         policy.PendingSession(
             session_id=str(s.pk),
@@ -180,8 +305,7 @@ def build_snapshot(
             starts_at=s.starts_at,
             pinned_agents=_pinned(s.designated_agents),
         )
-        for s in pending
-        if kernels_by_session.get(s.pk)
+        for s in schedulable
     )
 
     agents = list(
@@ -189,15 +313,26 @@ def build_snapshot(
             resource_group=group, status=AgentStatus.ALIVE, schedulable=True
         ).values_list("pk", _as_text("capacity_slots"))
     )
-    occupied = agent_occupancy(agent_ids=[pk for pk, _ in agents])
-    agent_states = tuple(
-        policy.AgentState(
-            agent_id=pk,
-            capacity=slots(capacity),
-            occupied=policy.ResourceSlots.from_mapping(occupied.get(pk, {})),
-        )
-        for pk, capacity in agents
-    )
+    unreadable: dict[str, str] = {}
+    occupied = agent_occupancy(agent_ids=[pk for pk, _ in agents], unreadable=unreadable)
+    agent_states = []
+    for pk, capacity in agents:
+        has = slots(capacity)
+        if isinstance(has, str):
+            rejects.agents[pk] = f"{AGENT_REJECTED} its capacity has {has}"
+        elif pk in unreadable:
+            rejects.agents[pk] = (
+                f"{AGENT_REJECTED} a kernel it runs holds {unreadable[pk]}, "
+                "so what is free there is not known"
+            )
+        else:
+            agent_states.append(
+                policy.AgentState(
+                    agent_id=pk,
+                    capacity=has,
+                    occupied=policy.ResourceSlots.from_mapping(occupied.get(pk, {})),
+                )
+            )
 
     owner_ids = {s.owner_id for s in pending}
     usage = owner_usage(owner_ids=owner_ids)
@@ -225,7 +360,7 @@ def build_snapshot(
         ),
         now=now,
         pending=pending_states,
-        agents=agent_states,
+        agents=tuple(agent_states),
         usage=usage,
         quotas=quotas,
         dependencies=dependencies,

@@ -4,6 +4,12 @@ agent side lives in ``reconcile``, the time limits in ``sweeps``.)
 One pass = one short transaction under the group's lock: snapshot → pure
 policy → commit. Agents are nudged after commit; they are never called inside
 the transaction.
+
+One row never stops a pass: a pending session the snapshot cannot use
+(``selectors.Rejects``: slots out of range or unreadable, a start time or batch
+timeout out of range, no kernels) is cancelled with that reason, and an agent
+whose capacity cannot be read is left out with the reason in its
+``status_reason``; the rest of the group is placed in the same pass.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from sessions_app import live
 from sessions_app import services as session_services
 from sessions_app.models import (
     Agent,
+    AgentStatus,
     Kernel,
     ResourceGroup,
     Session,
@@ -71,6 +78,7 @@ _PENDING_FIELDS = (
     "scheduling_attempts",
     "starts_at",
     "designated_agents",
+    "batch_timeout",
 )
 
 
@@ -92,7 +100,8 @@ def schedule_pass(*, group_id: int, now: datetime | None = None) -> PassResult:
         )
         if not pending:
             return result
-        snapshot = selectors.build_snapshot(group=group, now=now, pending=pending)
+        rejects = selectors.Rejects()
+        snapshot = selectors.build_snapshot(group=group, now=now, pending=pending, rejects=rejects)
         t0 = time.perf_counter()
         result.snapshot_seconds = t0 - started
         decisions = policy.schedule(snapshot)
@@ -101,7 +110,11 @@ def schedule_pass(*, group_id: int, now: datetime | None = None) -> PassResult:
         by_id = {str(s.pk): s for s in pending}
         _apply_placements(decisions.placements, by_id, now, result)
         _apply_waits(decisions.waits, by_id, now, result)
-        for cancel in decisions.cancellations:
+        _record_rejected_agents(group=group, rejects=rejects.agents)
+        for session_id, reason in rejects.sessions.items():
+            logger.warning("pass %s: session %s %s", group.name, session_id, reason)
+        rejected = [policy.Cancellation(sid, why) for sid, why in rejects.sessions.items()]
+        for cancel in [*rejected, *decisions.cancellations]:
             session = by_id[cancel.session_id]
             for kernel in session.kernels.filter(status=Status.PENDING):
                 if kernel.mark_cancelled(cancel.reason):
@@ -137,6 +150,24 @@ def schedule_pass(*, group_id: int, now: datetime | None = None) -> PassResult:
             result.seconds,
         )
     return result
+
+
+def _record_rejected_agents(*, group: ResourceGroup, rejects: dict[str, str]) -> None:
+    """Say on each agent the pass left out why; clear the word on the others."""
+    for agent_id, reason in rejects.items():
+        reason = reason[:255]
+        if (
+            Agent.objects.filter(pk=agent_id)
+            .exclude(status_reason=reason)
+            .update(status_reason=reason)
+        ):
+            logger.warning("agent %s %s", agent_id, reason)
+    # An agent fixed since (its capacity, or the kernel it ran) is usable again.
+    Agent.objects.filter(
+        resource_group=group,
+        status=AgentStatus.ALIVE,
+        status_reason__startswith=selectors.AGENT_REJECTED,
+    ).exclude(pk__in=list(rejects)).update(status_reason="connected")
 
 
 def _apply_placements(

@@ -12,6 +12,14 @@ its row and re-checks its deadline against fresh data. A second sweep that
 waited for the lock finds the session already ending and does nothing, and a
 sweep killed half-way has ended some sessions completely and left the others
 for the next run.
+
+One row never stops a sweep. A database error on one session (a deadlock
+with a kernel report, say) leaves it for the next run; a session whose data
+the rules cannot handle (a value no API would have written) is ended with
+that error as its reason; either way the sweep carries on with the others.
+The candidate queries do no date arithmetic that could overflow: a bounded
+limit is subtracted from ``now``, and a limit too large to be reached finds no
+candidate.
 """
 
 from __future__ import annotations
@@ -19,17 +27,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q
-from django.db.models.functions import Coalesce
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from sessions_app import selectors
 from sessions_app import services as session_services
-from sessions_app.deadlines import STARTED, overdue, session_deadlines
+from sessions_app.deadlines import MAX_BATCH_TIMEOUT, STARTED, overdue, session_deadlines
+from sessions_app.errors import Conflict
 from sessions_app.models import (
     Kernel,
     KernelRole,
@@ -70,6 +79,11 @@ def sweep_timeouts(*, now: datetime | None = None) -> SweepResult:
             logger.exception("sweep: could not end session %s; will retry", session_id)
             result.failed.append(str(session_id))
             continue
+        except (ValueError, ArithmeticError) as exc:
+            verdict = _end_unhandled(session_id=session_id, error=exc)
+            if verdict is None:
+                result.failed.append(str(session_id))
+                continue
         if verdict is not None:
             result.ended.setdefault(verdict[0], []).append(str(session_id))
     if result.count:
@@ -111,6 +125,26 @@ def end_if_overdue(*, session_id: Any, now: datetime) -> tuple[str, str] | None:
         return verdict
 
 
+UNHANDLED = "unhandled"
+
+
+def _end_unhandled(*, session_id: Any, error: Exception) -> tuple[str, str] | None:
+    """End a session whose time limits cannot be worked out, with the error as
+    its reason (it would fail every sweep, unchecked, for ever)."""
+    reason = f"ended: its time limits cannot be checked ({type(error).__name__}: {error})"
+    logger.error("sweep: session %s: %s", session_id, reason)
+    try:
+        with transaction.atomic():
+            session = Session.objects.select_for_update().filter(pk=session_id).first()
+            if session is None or session.status not in STARTED:
+                return None
+            session_services.session_terminate(session=session, reason=reason)
+    except (DatabaseError, Conflict):
+        logger.exception("sweep: could not end session %s; will retry", session_id)
+        return None
+    return UNHANDLED, reason
+
+
 # --- candidates: cheap queries, no locks; end_if_overdue decides ------------
 
 
@@ -123,11 +157,22 @@ def _owners_of_policies(limit: str) -> Iterator[tuple[ResourcePolicy, Q]]:
         yield policy, owners
 
 
+def _cutoff(now: datetime, limit: timedelta) -> datetime | None:
+    """``now - limit``; None when that is before the first date a datetime
+    holds (no session can be that old)."""
+    try:
+        return now - limit
+    except OverflowError:
+        return None
+
+
 def idle_candidates(*, now: datetime) -> list[Any]:
     ids: list[Any] = []
     for policy, owners in _owners_of_policies("idle_timeout"):
         assert policy.idle_timeout is not None
-        cutoff = now - policy.idle_timeout
+        cutoff = _cutoff(now, policy.idle_timeout)
+        if cutoff is None:
+            continue
         ids += Session.objects.filter(
             owners,
             session_type=SessionType.INTERACTIVE,
@@ -142,16 +187,34 @@ def lifetime_candidates(*, now: datetime) -> list[Any]:
     ids: list[Any] = []
     for policy, owners in _owners_of_policies("max_session_lifetime"):
         assert policy.max_session_lifetime is not None
+        cutoff = _cutoff(now, policy.max_session_lifetime)
+        if cutoff is None:
+            continue
         ids += (
             Session.objects.filter(owners, status__in=STARTED)
             .alias(since=Coalesce("started_at", "scheduled_at"))
-            .filter(since__lte=now - policy.max_session_lifetime)
+            .filter(since__lte=cutoff)
             .values_list("pk", flat=True)
         )
     return ids
 
 
 def batch_candidates(*, now: datetime) -> list[Any]:
+    """Batch sessions past their timeout, and those whose timeout is out of
+    range (``deadlines.batch_timeout_refusal``: due at once)."""
+    in_range = Q(
+        session__batch_timeout__gt=timedelta(0), session__batch_timeout__lte=MAX_BATCH_TIMEOUT
+    )
+    # ``now - timeout`` rather than ``started_at + timeout``, with the timeout
+    # clamped into range in SQL (which does not promise to evaluate the
+    # conditions of a WHERE in any order): the subtraction never overflows,
+    # whatever the row holds.
+    bounded = Greatest(
+        Least(F("session__batch_timeout"), Value(MAX_BATCH_TIMEOUT)), Value(timedelta(0))
+    )
+    cutoff = ExpressionWrapper(
+        Value(now, output_field=DateTimeField()) - bounded, output_field=DateTimeField()
+    )
     return list(
         Kernel.objects.filter(
             cluster_role=KernelRole.MAIN,
@@ -160,11 +223,6 @@ def batch_candidates(*, now: datetime) -> list[Any]:
             session__status__in=STARTED,
             session__batch_timeout__isnull=False,
         )
-        .alias(
-            deadline=ExpressionWrapper(
-                F("started_at") + F("session__batch_timeout"), output_field=DateTimeField()
-            )
-        )
-        .filter(deadline__lte=now)
+        .filter(~in_range | (in_range & Q(started_at__lte=cutoff)))
         .values_list("session_id", flat=True)
     )

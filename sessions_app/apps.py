@@ -6,4 +6,11 @@ class SessionsAppConfig(AppConfig):
     verbose_name = "Compute sessions"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
+        from backendai_web.db import install_tolerant_dates
+
         from . import checks  # noqa: F401  (registers system checks)
+
+        # A date beyond Python's range must not make its row unreadable.
+        connection_created.connect(install_tolerant_dates, dispatch_uid="bai-tolerant-dates")

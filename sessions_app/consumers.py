@@ -12,6 +12,8 @@ bare 1006). Close codes:
 - 4404 no such session or kernel, or not yours (ids do not leak)
 - 4409 the session is not running yet (the page retries)
 - 4410 the session has ended
+- 4429 too many terminals: the user already holds ``BAI_MAX_TERMINALS_PER_USER``
+  (the message says the limit and how many are open; ``sessions_app.terminals``)
 
 The terminal's hot path (input → agent, output → browser) touches no database:
 the agent's group and the terminal id are fixed at connect time, and once the
@@ -35,7 +37,7 @@ from django.conf import settings
 from agent import protocol
 from backendai_web.websockets import LoopDispatch
 
-from . import selectors, services
+from . import selectors, services, terminals
 from .errors import NotFound
 from .models import TERMINAL, AgentStatus, Kernel, Session, Status
 
@@ -47,6 +49,7 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_NOT_READY = 4409
 CLOSE_GONE = 4410
+CLOSE_TOO_MANY = 4429
 
 # An open terminal or log stream counts as activity (idle timeout): touch the
 # session this often while it is open, and at most this often on input.
@@ -401,6 +404,10 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     same id re-attaches to the same shell, which the agent keeps for a grace
     period after a disconnect (``term_detach``).
 
+    Each user holds at most ``BAI_MAX_TERMINALS_PER_USER`` terminals, across
+    sessions and processes, a detached shell included until its grace period
+    ends (``sessions_app.terminals``); one more is refused with 4429.
+
     Browser → server: ``{"type": "input", "data"}``, ``{"type": "resize", "cols", "rows"}``,
     ``{"type": "close"}`` (end the shell), ``{"type": "ping"}``.
     Server → browser: ``{"type": "ready", "term"}``, ``{"type": "output", "data"}``,
@@ -414,6 +421,9 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     # there directly (in one daphne process, without a Redis round trip).
     gateway_channel: str | None = None
     _via_group = 0  # commands sent through the agent's group so far
+    # Whose place (sessions_app.terminals) this terminal holds, and its renewal.
+    place_holder: Any = None
+    _renew_task: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         user = _user(self.scope)
@@ -452,8 +462,17 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
                 CLOSE_NOT_READY, f"The session is not running yet ({session.status})."
             )
             return
+        term_id = f"{session.pk.hex}-{tab.hex}"
+        taken, held = await terminals.claim(user_id=user.pk, term_id=term_id)
+        if not taken:
+            limit = settings.BAI_MAX_TERMINALS_PER_USER
+            logger.info("terminal refused to user %s: %d of %d open", user.pk, held, limit)
+            await self.refuse(CLOSE_TOO_MANY, terminals.refusal(limit=limit, held=held))
+            return
+        self.place_holder = user.pk
+        self._renew_task = asyncio.create_task(self._renew_place(term_id))
         self.max_input = settings.BAI_TERMINAL_MAX_INPUT
-        self.term_id = f"{session.pk.hex}-{tab.hex}"
+        self.term_id = term_id
         self.agent_group = protocol.agent_group(main.agent_id)
         self.output_group = protocol.terminal_group(self.term_id)
         self.session_id = str(session.pk)
@@ -477,6 +496,11 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
         logger.info(
             "terminal %s opened on session %s by user %s", self.term_id, session.pk, user.pk
         )
+
+    async def _renew_place(self, term_id: str) -> None:
+        while True:
+            await asyncio.sleep(terminals.RENEW_EVERY)
+            await terminals.renew(user_id=self.place_holder, term_id=term_id)
 
     async def _agent(self, command: dict[str, Any]) -> None:
         """Send a command to the agent, through its gateway.
@@ -548,12 +572,18 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
 
     async def disconnect(self, code: int) -> None:
         self.stop_touching()
+        if self._renew_task is not None:
+            self._renew_task.cancel()
+            self._renew_task = None
         if self.term_id is None:
             return
         if not self.closed_by_agent:
             # The agent keeps the shell for a grace period: a reconnect with
-            # the same term id re-attaches to it.
+            # the same term id re-attaches to it. Its place is held as long.
             await self._agent({"type": protocol.TERM_DETACH, "term_id": self.term_id})
+            await terminals.detach(user_id=self.place_holder, term_id=self.term_id)
+        else:
+            await terminals.release(user_id=self.place_holder, term_id=self.term_id)
         await self.channel_layer.group_discard(self.output_group, self.channel_name)
         await self.channel_layer.group_discard(self.owner_group, self.channel_name)
         self.term_id = None
@@ -563,6 +593,9 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
 
     async def term_closed(self, event: dict[str, Any]) -> None:
         self.closed_by_agent = True
+        if self.term_id is not None:
+            # The shell is gone: its place is free now, not when the socket goes.
+            await terminals.release(user_id=self.place_holder, term_id=self.term_id)
         await self.send(
             text_data=json.dumps({"type": "closed", "reason": event.get("reason") or "ended"})
         )
@@ -576,6 +609,8 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
                 and item.get("status") in ENDING
             ):
                 self.closed_by_agent = True
+                if self.term_id is not None:
+                    await terminals.release(user_id=self.place_holder, term_id=self.term_id)
                 await self.refuse(
                     CLOSE_GONE,
                     f"The session has ended ({item['status']}: {item.get('reason', '')}).",

@@ -20,6 +20,12 @@ The rules (CONCEPTS.md, "Dependencies, templates, idleness"):
   sessions from the moment ``main1`` started running its command.
 
 Only sessions that hold resources and are not already ending have deadlines.
+
+Every sum is bounded: a deadline past what a datetime holds (an enormous
+limit) is no deadline at all, never an OverflowError. A batch timeout out of
+the API's range (``batch_timeout_refusal``; only a row written around the API
+has one) makes the batch deadline due at once, so the sweep ends the session
+and says why.
 """
 
 from __future__ import annotations
@@ -30,12 +36,35 @@ from typing import Any, Protocol
 
 from bai_common.units import format_duration
 
+from .specs import MAX_BATCH_TIMEOUT as _MAX_BATCH_SECONDS
+
 # Statuses in which a session holds agents and may be ended by a deadline.
 STARTED = frozenset({"SCHEDULED", "PREPARING", "PULLING", "RUNNING"})
 
 IDLE = "idle"
 LIFETIME = "lifetime"
 BATCH = "batch"
+
+# The longest batch timeout the API accepts (sessions_app.specs).
+MAX_BATCH_TIMEOUT = timedelta(seconds=_MAX_BATCH_SECONDS)
+
+
+def batch_timeout_refusal(batch_timeout: timedelta | None) -> str | None:
+    """Why a stored batch timeout is out of the API's range, or None."""
+    if batch_timeout is None or timedelta(0) < batch_timeout <= MAX_BATCH_TIMEOUT:
+        return None
+    return (
+        f"{format_duration(batch_timeout)} is out of range "
+        f"(more than 0 s, at most {format_duration(MAX_BATCH_TIMEOUT)})"
+    )
+
+
+def _after(when: datetime, delta: timedelta) -> datetime | None:
+    """``when + delta``; None when that is beyond the dates a datetime holds (never reached)."""
+    try:
+        return when + delta
+    except OverflowError:
+        return None
 
 
 class PolicyLike(Protocol):
@@ -79,7 +108,7 @@ def idle_deadline(
     if idle_timeout is None or session_type != "interactive" or status != "RUNNING":
         return None
     times = [t for t in (last_activity_at, started_at) if t is not None]
-    return max(times) + idle_timeout if times else None
+    return _after(max(times), idle_timeout) if times else None
 
 
 def lifetime_deadline(
@@ -92,7 +121,7 @@ def lifetime_deadline(
     if max_lifetime is None or status not in STARTED:
         return None
     since = started_at or scheduled_at
-    return since + max_lifetime if since is not None else None
+    return _after(since, max_lifetime) if since is not None else None
 
 
 def batch_deadline(
@@ -104,7 +133,11 @@ def batch_deadline(
 ) -> datetime | None:
     if batch_timeout is None or session_type != "batch" or status not in STARTED:
         return None
-    return main_started_at + batch_timeout if main_started_at is not None else None
+    if main_started_at is None:
+        return None
+    if batch_timeout_refusal(batch_timeout) is not None:
+        return main_started_at  # due at once: the sweep ends it and says why
+    return _after(main_started_at, batch_timeout)
 
 
 def session_deadlines(
@@ -165,6 +198,9 @@ def overdue(
             f"lifetime limit: ran longer than {format_duration(policy.max_session_lifetime)}",
         )
     assert batch_timeout is not None
+    why = batch_timeout_refusal(batch_timeout)
+    if why is not None:
+        return rule, f"batch timeout: {why}"
     return rule, f"batch timeout: ran longer than {format_duration(batch_timeout)}"
 
 

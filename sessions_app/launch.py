@@ -365,7 +365,7 @@ def _check_dependencies(
 
 
 def _check_starts_at(raw: str | None, session_type: str, bad: _Errors) -> datetime | None:
-    """Batch sessions only; an ISO 8601 date-time no further ahead than MAX_START_AHEAD."""
+    """Batch sessions only; an ISO 8601 date-time within MAX_START_AHEAD of now."""
     if not raw:
         return None
     if session_type != SessionType.BATCH:
@@ -373,16 +373,21 @@ def _check_starts_at(raw: str | None, session_type: str, bad: _Errors) -> dateti
         return None
     try:
         parsed = parse_datetime(raw)
-        if parsed is not None and timezone.is_naive(parsed):
-            parsed = timezone.make_aware(parsed)
-        # Far-off offsets overflow only when converted: do it here, not in the database.
-        if parsed is not None and abs(parsed.astimezone(UTC) - timezone.now()) > MAX_START_AHEAD:
-            bad("starts_at", f"must be within {MAX_START_AHEAD.days} days of now")
-            return None
-    except (ValueError, OverflowError):  # well formed but not a date (month 13), or out of range
+    except ValueError:  # well formed but not a date, e.g. month 13
         parsed = None
     if parsed is None:
         bad("starts_at", f"{raw!r} is not an ISO 8601 date-time")
+        return None
+    if timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed)
+    try:
+        # Far-off offsets overflow only when converted: here, not in the database.
+        in_range = abs(parsed.astimezone(UTC) - timezone.now()) <= MAX_START_AHEAD
+    except OverflowError:
+        in_range = False
+    if not in_range:
+        bad("starts_at", f"must be within {MAX_START_AHEAD.days} days of now")
+        return None
     return parsed
 
 
@@ -450,13 +455,12 @@ def _check_quota(owner: AbstractBaseUser, policy: ResourcePolicy | None, plan: L
 
 def _check_capacity(plan: LaunchPlan) -> None:
     """Refuse what no agent of the group could ever hold (only once the group has agents)."""
-    capacities = [
-        slotlib.from_strings(c)
-        for c in selectors.agents_in_group(group=plan.group).values_list(
-            "capacity_slots", flat=True
-        )
-        if c
-    ]
+    capacities = []
+    for raw in selectors.agents_in_group(group=plan.group).values_list("capacity_slots", flat=True):
+        try:
+            capacities.append(slotlib.from_strings(raw or {}))
+        except (ArithmeticError, ValueError, TypeError, AttributeError):
+            continue  # an agent whose capacity cannot be read is left out, as the pass does
     if not capacities:
         return  # no agent yet: the session waits, and says so
     size = plan.cluster_size

@@ -11,6 +11,7 @@ user and must not learn they exist; root is an admin and may attach.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -22,7 +23,7 @@ from django.utils import timezone
 from agent import protocol
 from backendai_web.asgi import application
 from scheduler_app import reconcile
-from sessions_app import consumers, services
+from sessions_app import consumers, services, terminals
 from sessions_app.models import Kernel, Session, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -466,6 +467,129 @@ async def test_an_admin_looking_in_does_not_count_as_the_owners_activity(
     session = await sync_to_async(Session.objects.get)(pk=running.pk)
     assert session.last_activity_at == long_ago
     await comm.disconnect()
+
+
+# --- terminal: the per-user limit ----------------------------------------------------
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The time the terminal places are counted with; tests move it on."""
+    now = [time.time()]
+    monkeypatch.setattr(terminals, "_now", lambda: now[0])
+    return now
+
+
+async def _open(session, user, fake_agent, tab: str | None = None) -> WebsocketCommunicator:
+    comm = await browser(_term_path(session, tab or str(uuid.uuid4())), user)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
+    await frame_of(fake_agent, protocol.TERM_OPEN)
+    return comm
+
+
+async def test_a_terminal_past_the_users_limit_is_refused_with_4429_saying_the_limit_and_how_many_are_open(
+    running, alice, image, fake_agent, settings
+):
+    settings.BAI_MAX_TERMINALS_PER_USER = 2
+    other = await sync_to_async(_running_session)(alice, image, size=1)
+    first = await _open(running, alice, fake_agent)
+    second = await _open(other, alice, fake_agent)  # another session counts too
+
+    message = await refused(
+        await browser(_term_path(running, str(uuid.uuid4())), alice), consumers.CLOSE_TOO_MANY
+    )
+
+    assert "at most 2 per user, and you have 2 open" in message
+    await no_frame_of(fake_agent, protocol.TERM_OPEN, timeout=0.3)
+    await first.disconnect()
+    await second.disconnect()
+
+
+async def test_reattaching_to_the_same_shell_takes_no_second_place(
+    running, alice, fake_agent, settings, clock
+):
+    settings.BAI_MAX_TERMINALS_PER_USER = 1
+    tab = str(uuid.uuid4())
+    first = await _open(running, alice, fake_agent, tab)
+    await first.disconnect()
+    await frame_of(fake_agent, protocol.TERM_DETACH)
+
+    again = await _open(running, alice, fake_agent, tab)
+    await again.disconnect()
+
+
+async def test_a_closed_tabs_shell_holds_its_place_until_the_agent_lets_it_go(
+    running, alice, fake_agent, settings, clock
+):
+    settings.BAI_MAX_TERMINALS_PER_USER = 1
+    tab = await _open(running, alice, fake_agent)
+    await tab.disconnect()  # the tab is closed; the agent keeps the shell for its grace period
+    await frame_of(fake_agent, protocol.TERM_DETACH)
+
+    message = await refused(
+        await browser(_term_path(running, str(uuid.uuid4())), alice), consumers.CLOSE_TOO_MANY
+    )
+    assert "a closed tab's shell is kept for 2 min" in message
+
+    clock[0] += terminals.DETACHED_KEPT + 1
+    later = await _open(running, alice, fake_agent)
+    await later.disconnect()
+
+
+async def test_a_shell_that_ended_frees_its_place_at_once(running, alice, fake_agent, settings):
+    settings.BAI_MAX_TERMINALS_PER_USER = 1
+    comm = await _open(running, alice, fake_agent)
+    await comm.send_json_to({"type": "close"})
+    term_id = (await frame_of(fake_agent, protocol.TERM_CLOSE))["term_id"]
+    await fake_agent.send_json_to(
+        {"type": protocol.TERM_CLOSED, "term_id": term_id, "reason": "exited with code 0"}
+    )
+    assert (await frame_of(comm, "closed"))["reason"] == "exited with code 0"
+    assert (await comm.receive_output(timeout=5))["code"] == 1000
+
+    again = await _open(running, alice, fake_agent)
+    await again.disconnect()
+
+
+async def test_the_places_of_a_process_that_died_lapse_after_the_lease(
+    running, alice, fake_agent, settings, clock
+):
+    settings.BAI_MAX_TERMINALS_PER_USER = 1
+    # Another daphne process took a place and died without a word.
+    taken, held = await terminals.claim(user_id=alice.pk, term_id="gone-with-its-process")
+    assert (taken, held) == (True, 1)
+    await refused(
+        await browser(_term_path(running, str(uuid.uuid4())), alice), consumers.CLOSE_TOO_MANY
+    )
+
+    clock[0] += terminals.LEASE + 1
+    comm = await _open(running, alice, fake_agent)
+    await comm.disconnect()
+
+
+async def test_an_open_terminal_keeps_its_place_past_the_lease(
+    running, alice, fake_agent, settings, clock, monkeypatch
+):
+    settings.BAI_MAX_TERMINALS_PER_USER = 1
+    monkeypatch.setattr(terminals, "RENEW_EVERY", 0.05)
+    comm = await _open(running, alice, fake_agent)
+    clock[0] += terminals.LEASE - 1
+    await asyncio.sleep(0.3)  # renewed meanwhile, at the moved clock
+    clock[0] += 2  # past the first lease, within the renewed one
+
+    await refused(
+        await browser(_term_path(running, str(uuid.uuid4())), alice), consumers.CLOSE_TOO_MANY
+    )
+    await comm.disconnect()
+
+
+async def test_each_user_has_places_of_their_own(running, alice, admin, fake_agent, settings):
+    settings.BAI_MAX_TERMINALS_PER_USER = 1
+    mine = await _open(running, alice, fake_agent)
+    looking_in = await _open(running, admin, fake_agent)  # the admin's own place
+    await mine.disconnect()
+    await looking_in.disconnect()
 
 
 # --- logs --------------------------------------------------------------------------

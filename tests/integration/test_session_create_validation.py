@@ -591,3 +591,26 @@ def test_it_refuses_more_than_one_main_kernel(launch, image, nothing_created):
         "roles.main.replicas",
         "exactly one main kernel",
     )
+
+
+# --- issue 10: inputs that once stopped every pass of their group ------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        ({"starts_at": "9999-12-31T23:59:59-14:00"}, "starts_at", ["within 366 days of now"]),
+        ({"starts_at": "0001-01-01T00:00:00+14:00"}, "starts_at", ["days of now"]),
+        ({"resources": {"cpu": "0.0000000000000000001"}}, "resources", ["cpu"]),
+        ({"batch_timeout": 8e13}, "batch_timeout", ["366 days"]),
+    ],
+    ids=["starts-after-year-9999", "starts-before-year-1", "cpu-1e-19", "batch-timeout-8e13"],
+)
+def test_an_input_that_once_stopped_every_pass_is_refused_and_writes_nothing(
+    launch, image, spec, field, words
+):
+    before = _counts()
+    batch = {"type": "batch", "startup_command": "true"}
+    response = launch(image=image.reference, **batch, **spec)
+    assert_refused(response, 400, field, *words)
+    assert _counts() == before

@@ -135,6 +135,18 @@ def _amount(slots: dict[str, Any], slot: str) -> Decimal:
         return Decimal(0)
 
 
+def _used_of(slot: str, used: Decimal, total: Decimal) -> str:
+    """``2.5 / 8 cores``, ``40 / 128 GiB`` (the unit once when both share it), ``1 / 2``."""
+    used_text, total_text = units.format_amount(slot, used), units.format_amount(slot, total)
+    if slot == "mem":
+        number, _, unit = used_text.partition(" ")
+        if used == 0 or total_text.endswith(f" {unit}"):
+            used_text = number
+        return f"{used_text} / {total_text}"
+    unit = slot_unit(slot)
+    return f"{used_text} / {total_text} {unit}" if unit else f"{used_text} / {total_text}"
+
+
 def usage_bars(capacity: dict[str, Any], occupied: dict[str, Any]) -> SafeString:
     """Used of capacity per slot, as ``<meter>`` bars with the figures beside them
     (attributes only, no inline style: the pages run under a strict CSP)."""
@@ -145,28 +157,26 @@ def usage_bars(capacity: dict[str, Any], occupied: dict[str, Any]) -> SafeString
         if total <= 0:
             rows.append(
                 format_html(
-                    '<span class="bai-usage-name">{}</span><span></span><span class="bai-usage-text bai-none">none</span>',
+                    '<span class="bai-usage-name">{}</span><span></span>'
+                    '<span class="bai-usage-text bai-none">none</span>',
                     name,
                 )
             )
             continue
-        unit = "" if slot == "mem" else f" {slot_unit(slot)}"
-        used_text = units.format_amount(slot, used)
-        total_text = units.format_amount(slot, total)
+        text = _used_of(slot, used, total)
         rows.append(
             format_html(
                 '<span class="bai-usage-name">{}</span>'
-                '<meter min="0" max="{}" value="{}" low="{}" high="{}" optimum="0" title="{}"></meter>'
-                '<span class="bai-usage-text">{} / {}{}</span>',
+                '<meter min="0" max="{}" value="{}" low="{}" high="{}" optimum="0" title="{}">'
+                "</meter>"
+                '<span class="bai-usage-text">{}</span>',
                 name,
                 units.format_decimal(total),
                 units.format_decimal(min(used, total)),
                 units.format_decimal(total * Decimal("0.7")),
                 units.format_decimal(total * Decimal("0.9")),
-                f"{used_text} of {total_text}{unit} in use",
-                used_text,
-                total_text,
-                unit,
+                f"{name} in use: {text}",
+                text,
             )
         )
     return format_html(

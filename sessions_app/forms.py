@@ -21,13 +21,13 @@ from bai_common import units
 from . import policy as rules
 from . import slots as slotlib
 
-# slot -> (label, unit shown after the input). Other slots in settings.BAI_SLOT_TYPES get their
-# own name and no unit.
+# slot -> (label, unit shown after the input). GPUs are counted, so the label is the unit;
+# other slots in settings.BAI_SLOT_TYPES get their own name and no unit.
 SLOT_LABELS = {
     "cpu": ("CPU", "cores"),
     "mem": ("Memory", "GiB"),
-    "cuda.device": ("GPUs", "GPUs"),
-    "cuda.shares": ("GPU shares", "shares"),
+    "cuda.device": ("GPUs", ""),
+    "cuda.shares": ("GPU shares", ""),
 }
 SLOT_HELP = (
     "CPU in cores (0.5 is half a core); memory in GiB, or with a unit: 512m, 2g, 1.5 GiB; "

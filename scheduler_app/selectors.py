@@ -9,25 +9,27 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import Q
 
+from sessions_app import selectors as session_selectors
 from sessions_app.models import (
-    ACTIVE,
-    OCCUPYING,
     Agent,
     AgentStatus,
     Kernel,
     ResourceGroup,
     ResourcePolicy,
     Session,
-    SessionType,
     Status,
     UserResourcePolicy,
 )
 from sessions_app.policy import dependency_state
+from sessions_app.selectors import agent_occupancy
 
 from . import policy
+
+# agent_occupancy lives with the other reads of held slots (sessions_app.selectors), which
+# the launch preview shares; the scheduler's services read it from here as before.
+__all__ = ["agent_occupancy", "build_snapshot", "owner_usage"]
 
 # A slot a policy does not list is unlimited; the policy type reads a missing
 # slot as 0, so unlisted known slots get an amount no request reaches.
@@ -53,9 +55,8 @@ class _SlotsCache:
         return slots
 
 
-def _as_text(field: str) -> Cast:
-    # The stored JSON as text: no per-row decoding, and the text is the cache key.
-    return Cast(field, output_field=TextField())
+# The stored JSON as text: no per-row decoding, and the text is the cache key.
+_as_text = session_selectors.slots_as_text
 
 
 def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
@@ -75,30 +76,6 @@ def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
         max_containers_per_session=p.max_containers_per_session,
         allowed_resource_groups=frozenset(groups[i] for i in allowed_ids if i in groups) or None,
         max_concurrent_system_sessions=p.max_concurrent_sftp_sessions,
-    )
-
-
-def _sum_slots(rows: Any) -> dict[Any, dict[str, Decimal]]:
-    """(key, slots as JSON text) rows summed per key, exactly; each distinct text
-    is decoded once (thousands of kernels share a few shapes)."""
-    totals: dict[Any, dict[str, Decimal]] = defaultdict(dict)
-    parsed: dict[str, list[tuple[str, Decimal]]] = {}
-    for key, text in rows:
-        items = parsed.get(text)
-        if items is None:
-            items = parsed[text] = [(k, Decimal(str(v))) for k, v in json.loads(text).items()]
-        held = totals[key]
-        for slot, value in items:
-            held[slot] = held.get(slot, _ZERO) + value
-    return totals
-
-
-def agent_occupancy(*, agent_ids: list[str]) -> dict[str, dict[str, Decimal]]:
-    """Slots held on each agent by kernels that occupy resources (derived, never stored first)."""
-    return _sum_slots(
-        Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
-            "agent_id", _as_text("requested_slots")
-        )
     )
 
 
@@ -205,32 +182,12 @@ def build_snapshot(
 
 
 def owner_usage(*, owner_ids: set[int]) -> dict[str, policy.OwnerUsage]:
-    counts = {
-        row["owner_id"]: row
-        for row in Session.objects.filter(owner_id__in=owner_ids, status__in=ACTIVE)
-        .values("owner_id")
-        .annotate(
-            pending=Count("pk", filter=Q(status=Status.PENDING)),
-            active=Count(
-                "pk",
-                filter=~Q(status=Status.PENDING) & ~Q(session_type=SessionType.SYSTEM),
-            ),
-            system=Count(
-                "pk", filter=~Q(status=Status.PENDING) & Q(session_type=SessionType.SYSTEM)
-            ),
-        )
-    }
-    held = _sum_slots(
-        Kernel.objects.filter(session__owner_id__in=owner_ids, status__in=OCCUPYING).values_list(
-            "session__owner_id", _as_text("requested_slots")
-        )
-    )
     return {
         str(uid): policy.OwnerUsage(
-            occupied=policy.ResourceSlots.from_mapping(held.get(uid, {})),
-            active_sessions=counts.get(uid, {}).get("active", 0),
-            pending_sessions=counts.get(uid, {}).get("pending", 0),
-            active_system_sessions=counts.get(uid, {}).get("system", 0),
+            occupied=policy.ResourceSlots.from_mapping(usage.held),
+            active_sessions=usage.active,
+            pending_sessions=usage.pending,
+            active_system_sessions=usage.active_system,
         )
-        for uid in owner_ids
+        for uid, usage in session_selectors.owner_usage(owner_ids=owner_ids).items()
     }

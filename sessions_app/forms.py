@@ -15,6 +15,7 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.utils.dateparse import parse_duration as parse_django_duration
 
 from bai_common import units
 
@@ -181,12 +182,20 @@ class DurationInput(forms.Field):
             return None
         if isinstance(value, timedelta):
             return value
+        text = str(value).strip()
         try:
-            duration = units.parse_duration(str(value))
+            duration = units.parse_duration(text)
         except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
+            # Django's own form ("1 02:30:00", "0:30:00"), as this field accepted before.
+            duration = parse_django_duration(text) if ":" in text else None
+            if duration is None:
+                raise forms.ValidationError(str(exc)) from None
         if duration < timedelta(seconds=1):
             raise forms.ValidationError("at least 1 s (leave it empty for none)")
+        if duration > units.MAX_DURATION:
+            raise forms.ValidationError(
+                f"at most {units.format_duration(units.MAX_DURATION)} (leave it empty for none)"
+            )
         return duration
 
     def has_changed(self, initial: Any, data: Any) -> bool:

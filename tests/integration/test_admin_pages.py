@@ -364,6 +364,7 @@ def test_the_policy_list_shows_limits_and_durations_in_units(client, admin):
         ("1h30m", timedelta(minutes=90)),
         ("1 h 30 min", timedelta(minutes=90)),  # what the page shows reads back the same
         ("90", timedelta(seconds=90)),
+        ("0:30:00", timedelta(minutes=30)),  # Django's own form, as before
         ("", None),
     ],
 )
@@ -382,7 +383,13 @@ def test_a_duration_is_typed_with_units(client, admin, typed, stored):
 
 @pytest.mark.parametrize(
     ("typed", "words"),
-    [("soon", "is not a duration"), ("30m1h", "is not a duration"), ("0s", "at least 1 s")],
+    [
+        ("soon", "is not a duration"),
+        ("30m1h", "is not a duration"),
+        ("0s", "at least 1 s"),
+        ("99999 days, 0:00:00", "at most 3650 d"),
+        ("-1 00:00:00", "at least 1 s"),
+    ],
 )
 def test_a_bad_duration_is_refused_with_the_accepted_forms(client, admin, typed, words):
     client.force_login(admin)

@@ -441,7 +441,7 @@ class SessionAdmin(AuditHistory, admin.ModelAdmin):
         "status_changed_at",
         "cluster_mode",
         "cluster_size",
-        "requested_slots",
+        "resources",
         "image",
         "resource_group",
         "template",
@@ -458,10 +458,14 @@ class SessionAdmin(AuditHistory, admin.ModelAdmin):
         "terminated_at",
         "last_activity_at",
     ]
-    exclude = ["mounts", "depends_on"]
+    exclude = ["mounts", "depends_on", "requested_slots"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # sessions are launched through the API or the launch dialog
+
+    @admin.display(description="resources per container")
+    def resources(self, obj: Session) -> str:
+        return slots_text(obj.requested_slots)
 
     @admin.action(description="Terminate the selected sessions")
     def terminate_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:

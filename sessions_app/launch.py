@@ -33,8 +33,9 @@ from bai_common.units import format_amount
 from . import policy as rules
 from . import selectors
 from . import slots as slotlib
-from .errors import Forbidden, InvalidInput, QuotaExceeded, field_error
+from .errors import Conflict, Forbidden, InvalidInput, QuotaExceeded, field_error
 from .models import (
+    TERMINAL,
     AgentStatus,
     ClusterMode,
     DataFolder,
@@ -124,11 +125,14 @@ def plan_launch(*, owner: AbstractBaseUser, spec: Any) -> LaunchPlan:
 def plan_preview(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, str | None]:
     """``plan_launch`` for a preview: (the plan, why it can never fit or None).
 
-    A bad spec and the pending limit raise the same errors as a launch; what a
-    launch refuses because it can never fit (the quota's bounds on one session,
+    A bad spec, a name in use and the pending limit raise the same errors as a
+    launch; what a launch refuses because it can never fit (the quota's bounds on one session,
     more than the group's largest agent) is returned as the reason instead.
     """
     plan, policy = _plan(owner=owner, spec=spec)
+    conflict = name_conflict(owner=owner, name=plan.name)
+    if conflict is not None:
+        raise conflict
     never = _Errors()
     _check_quota_bounds(policy, plan, never)
     if never.fields:
@@ -141,6 +145,20 @@ def plan_preview(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, str
     _check_pending_limit(owner, policy, plan, pending)
     pending.raise_if_any(QuotaExceeded)
     return plan, None
+
+
+def name_conflict(*, owner: AbstractBaseUser, name: str) -> Conflict | None:
+    """The error for a name one of the owner's active sessions already has, or None.
+
+    A launch checks it after its insert fails (so two concurrent launches cannot
+    both pass); a preview checks it before, to answer as the launch would.
+    """
+    if not Session.objects.filter(owner=owner, name=name).exclude(status__in=TERMINAL).exists():
+        return None
+    return Conflict(
+        f"You already have an active session named {name!r}.",
+        {"fields": {"name": ["already used by one of your active sessions"]}},
+    )
 
 
 def _plan(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, ResourcePolicy | None]:

@@ -95,8 +95,12 @@ def launch_preview(*, owner: AbstractBaseUser, spec: Any) -> Preview:
 
 
 def _fits_words(plan: LaunchPlan) -> str:
-    where = "agent" if plan.cluster_size == 1 else "agents"
-    return f"fits now: the free {where} of resource group {plan.group.name} hold every container"
+    if plan.cluster_size == 1:
+        return f"fits now: an agent of resource group {plan.group.name} has room for it"
+    return (
+        f"fits now: the agents of resource group {plan.group.name} have room "
+        f"for all {plan.cluster_size} containers"
+    )
 
 
 def _total(plan: LaunchPlan) -> dict[str, Decimal]:

@@ -19,8 +19,11 @@ ADMIN_PASSWORD = "root-pass-123"
 def db_call():
     """``db_call(fn)``: fn() on another thread. Playwright's sync API runs an event loop on
     this one, where Django refuses to touch the database."""
+    from django.db import connections
+
     with ThreadPoolExecutor(1) as pool:
         yield lambda fn: pool.submit(fn).result()
+        pool.submit(lambda: connections.close_all()).result()  # that thread's own connection
 
 
 @pytest.fixture

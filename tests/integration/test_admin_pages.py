@@ -669,12 +669,16 @@ def test_the_session_list_offers_no_delete_action(client, admin, alice, image, g
 
 def test_a_sessions_page_says_why_it_cannot_be_deleted(client, admin, alice, image, group, agent):
     session = _session(alice, image, group, agent)
+    Session.objects.filter(pk=session.pk).update(
+        requested_slots={"cpu": "1", "mem": str(2 * 2**30)}
+    )
     client.force_login(admin)
 
     page = client.get(_url(Session, "change", session.pk)).content.decode()
 
     assert "never deleted here" in page and "audit history" in page
     assert _url(Session, "delete", session.pk) not in page
+    assert "1 cpu, 2 GiB mem" in page  # its resources, in units
 
 
 # --- resource presets ---------------------------------------------------------------------------

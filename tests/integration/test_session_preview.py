@@ -89,7 +89,7 @@ def test_a_session_that_fits_the_free_slots_starts_now(preview):
 
     assert body["verdict"] == "start_now"
     assert body["reasons"] == []
-    assert "fits now" in body["reason"]
+    assert body["reason"] == "fits now: an agent of resource group default has room for it"
     assert body["resources"]["total"] == {"cpu": "2", "mem": str(4 * GIB)}
     assert body["resources"]["text"] == "2 cpu, 4 GiB mem"
 
@@ -115,6 +115,9 @@ def test_a_multi_node_cluster_that_fits_only_spread_over_agents_starts_now(
     body = preview(cluster_mode="multi-node", cluster_size=2, resources={"cpu": 3, "mem": "1g"})
 
     assert body["verdict"] == "start_now", body["reason"]
+    assert body["reason"] == (
+        "fits now: the agents of resource group default have room for all 2 containers"
+    )
 
 
 # --- the group's free slots -------------------------------------------------------------------
@@ -366,6 +369,16 @@ def test_a_bad_spec_is_refused_as_a_launch_refuses_it(as_alice, image, agent, sp
     assert response.status_code == launched.status_code == status, response.content
     assert response.json() == launched.json()
     assert field in response.json()["extra"]["fields"]
+
+
+def test_a_name_already_in_use_is_refused_as_a_launch_refuses_it(as_alice, alice, image, agent):
+    _holding(alice, image, agent, name="notebook")
+    spec = {"image": image.reference, "name": "notebook"}
+
+    response = as_alice.post(URL, spec, format="json")
+
+    assert response.status_code == 409
+    assert response.json() == as_alice.post(LAUNCH, spec, format="json").json()
 
 
 def test_the_pending_limit_is_refused_as_a_launch_refuses_it(as_alice, alice, image, agent):

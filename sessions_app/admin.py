@@ -24,7 +24,7 @@ from bai_common import units
 
 from . import services
 from .errors import ApplicationError, InvalidInput
-from .forms import DurationInput, SlotsField, slot_unit, slots_text
+from .forms import ADMIN_CSS, DurationInput, SlotsField, slot_unit, slots_text
 from .models import (
     Agent,
     DataFolder,
@@ -43,7 +43,6 @@ from .templates import validate_template_spec
 
 # Durations are typed and shown as 30m, 8h, 1d (every DurationField of a model admin).
 DURATIONS = {models.DurationField: {"form_class": DurationInput}}
-ADMIN_CSS = {"all": ["css/admin.css"]}
 
 
 class ReadOnlyInline(admin.TabularInline):

@@ -37,7 +37,8 @@ SLOT_HELP = (
 DURATION_HELP = "Type 30m, 8h, 1d or 1h30m (d, h, m, s); a bare number is seconds."
 # A bare number in the memory input means GiB, as the label next to it says.
 _BARE_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
-_CSS = {"all": ["css/admin.css"]}
+# The admin's own additions (slot inputs, usage bars, notes): a static file, no inline style.
+ADMIN_CSS = {"all": ["css/admin.css"]}
 
 
 def slot_label(slot: str) -> str:
@@ -79,7 +80,7 @@ class SlotsWidget(forms.MultiWidget):
         super().__init__(widgets, attrs)
 
     class Media:
-        css = _CSS
+        css = ADMIN_CSS
 
     def decompress(self, value: Any) -> list[str]:
         if not isinstance(value, Mapping):
@@ -118,9 +119,6 @@ class SlotsField(forms.MultiValueField):
     ) -> None:
         self.slot_names = list(slot_names or settings.BAI_SLOT_TYPES)
         self.required_slots = tuple(required_slots)
-        kwargs.pop("encoder", None)  # a JSONField's form kwargs
-        kwargs.pop("decoder", None)
-        kwargs.pop("max_length", None)
         help_text = " ".join(t for t in (empty_means, kwargs.pop("help_text", ""), SLOT_HELP) if t)
         fields = [
             forms.CharField(required=False, max_length=units.MAX_TEXT) for _ in self.slot_names
@@ -167,8 +165,6 @@ class DurationInput(forms.Field):
     widget = forms.TextInput(attrs={"size": 12, "placeholder": "e.g. 30m, 8h, 1d"})
 
     def __init__(self, **kwargs: Any) -> None:
-        for key in ("max_value", "min_value", "step_size", "encoder", "decoder"):
-            kwargs.pop(key, None)
         kwargs["help_text"] = " ".join(t for t in (kwargs.get("help_text"), DURATION_HELP) if t)
         super().__init__(**kwargs)
 

@@ -19,6 +19,7 @@ the free slots first.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
@@ -33,7 +34,14 @@ from bai_common.units import format_amount, format_decimal, format_slot
 from . import policy as rules
 from . import selectors
 from .launch import LaunchPlan, plan_preview
-from .models import ResourcePolicy, Session, SessionSelection, SessionType, Status
+from .models import (
+    ClusterMode,
+    ResourcePolicy,
+    Session,
+    SessionSelection,
+    SessionType,
+    Status,
+)
 
 START_NOW, WAIT, NEVER = "start_now", "wait", "never"
 VERDICTS = (START_NOW, WAIT, NEVER)
@@ -76,7 +84,7 @@ def launch_preview(*, owner: AbstractBaseUser, spec: Any) -> Preview:
             reasons.append(rules.queued_behind(str(blocker)))
         shortage = rules.placement_shortage(
             kernels=plan.kernel_slots,
-            single_node=plan.cluster_mode == "single-node",
+            single_node=plan.cluster_mode == ClusterMode.SINGLE_NODE,
             free=[room.free for room in rooms],
             group=plan.group.name,
         )
@@ -248,7 +256,7 @@ def _dependencies(plan: LaunchPlan, reasons: list[str]) -> str | None:
     return failed
 
 
-def _stuck_fifo_head(plan: LaunchPlan) -> Any:
+def _stuck_fifo_head(plan: LaunchPlan) -> uuid.UUID | None:
     """FIFO: the oldest pending session the pass takes before a new one that already
     failed to fit for lack of resources (it blocks the queue behind it), or None."""
     group = plan.group

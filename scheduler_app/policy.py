@@ -79,6 +79,11 @@ from sessions_app.policy import (
     concurrent_refusal,
     containers_refusal,
     dependencies_verdict,
+    dependencies_wait,
+    free_shortage,
+    no_live_agent,
+    queued_behind,
+    start_time_wait,
     total_slots_refusal,
 )
 
@@ -925,7 +930,7 @@ class _Pass:
                 return verdict
         now = self.snapshot.now
         if session.starts_at is not None and session.starts_at > now:
-            return Wait(sid, f"starts at {session.starts_at.isoformat()}", False)
+            return Wait(sid, start_time_wait(session.starts_at), False)
         timeout = self.pending_timeout
         if timeout is not None:
             since = session.created_at
@@ -947,9 +952,7 @@ class _Pass:
         if reason is not None:
             return Cancellation(session.session_id, reason)
         if waiting:
-            return Wait(
-                session.session_id, f"waiting for dependencies: {', '.join(waiting)}", False
-            )
+            return Wait(session.session_id, dependencies_wait(waiting), False)
         return None
 
     def check_quota(self, session: PendingSession, request: _Request, quota: Quota) -> Wait | None:
@@ -1293,7 +1296,7 @@ class _Pass:
         """Why session did not fit, and whether that should block the sessions behind it (FIFO)."""
         group = self.group.name
         if not self.agent_ids:
-            return f"no agent alive and schedulable in resource group {group}", False
+            return no_live_agent(group), False
         size = len(request.kernels)
         cluster_block = request.single and size > 1
         if cluster_block:
@@ -1322,10 +1325,11 @@ class _Pass:
         for vector in vectors:
             for j, wanted in enumerate(vector):
                 if wanted > largest[j]:
-                    label = "largest free" if cluster_block else "largest free on an agent"
-                    reason = (
-                        f"{prefix}{self.amount_with_slot(j, wanted)}{where}; "
-                        f"{label}: {self.amount(j, max(largest[j], 0))}"
+                    reason = free_shortage(
+                        need=f"{prefix}{self.amount_with_slot(j, wanted)}",
+                        where=where,
+                        label="largest free" if cluster_block else "largest free on an agent",
+                        largest=self.amount(j, max(largest[j], 0)),
                     )
                     return reason, True
         if size > 1 and not request.single:
@@ -1421,13 +1425,7 @@ def schedule(snapshot: Snapshot) -> Decisions:
             decisions.waits.append(verdict)
             continue
         if blocked_by is not None:
-            decisions.waits.append(
-                Wait(
-                    session.session_id,
-                    f"queued behind session {_short(blocked_by)} which waits for resources",
-                    False,
-                )
-            )
+            decisions.waits.append(Wait(session.session_id, queued_behind(blocked_by), False))
             continue
         assignments = state.place(session, request)
         if assignments is not None:

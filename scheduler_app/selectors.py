@@ -12,7 +12,6 @@ read. Slots are checked against their documented precision
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,32 +20,33 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import Q
 
 from backendai_web.db import FAR_FUTURE, FAR_PAST
-from bai_common import units
 from sessions_app import agent_selectors
+from sessions_app import selectors as session_selectors
 from sessions_app.deadlines import batch_timeout_refusal
 from sessions_app.launch import MAX_START_AHEAD
 from sessions_app.models import (
-    ACTIVE,
-    OCCUPYING,
     Agent,
     AgentStatus,
     Kernel,
     ResourceGroup,
     ResourcePolicy,
     Session,
-    SessionType,
     Status,
     UserResourcePolicy,
 )
-from sessions_app.policy import dependency_state, slot_value_refusal
+from sessions_app.policy import dependency_state
+from sessions_app.selectors import agent_occupancy, read_slots
 
 from . import policy
 
 logger = logging.getLogger(__name__)
+
+# agent_occupancy lives with the other reads of held slots (sessions_app.selectors), which
+# the launch preview shares; the scheduler's services read it from here as before.
+__all__ = ["agent_occupancy", "build_snapshot", "owner_usage"]
 
 # A slot a policy does not list is unlimited; the policy type reads a missing
 # slot as 0, so unlisted known slots get an amount no request reaches.
@@ -62,44 +62,10 @@ class Rejects:
     agents: dict[str, str] = field(default_factory=dict)  # agent id -> reason
 
 
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 64 else f"{text[:61]}..."
-
-
-def _read_slots(text: str | None, *, strict: bool) -> dict[str, Decimal] | str:
-    """Stored slots (JSON text) as exact amounts, or why they cannot be used:
-    "cpu '1e-19', which is out of range (...)". ``strict``: also the documented
-    precision and ceiling of every slot (requests and capacities, which the
-    API and the gateway bound); otherwise any finite, non-negative amount
-    (what placed kernels hold, whatever they were given)."""
-    try:
-        raw = json.loads(text) if text else {}
-    except ValueError:
-        return f"slots {_shown(text)}, which are not JSON"
-    if not isinstance(raw, dict):
-        return f"slots {_shown(raw)}, which are not a mapping of slot to amount"
-    amounts: dict[str, Decimal] = {}
-    for slot, value in raw.items():
-        name, shown = str(slot)[:64], _shown(value)
-        try:
-            amount = units.parse_amount(value)
-        except ValueError as exc:
-            detail = str(exc)
-            if detail.startswith(f"{shown} "):
-                return f"{name} {shown}, which {detail[len(shown) + 1 :]}"
-            return f"{name} {shown}: {detail}"
-        why = slot_value_refusal(name, amount) if strict else None
-        if why is not None:
-            return f"{name} {shown}: {why.removeprefix(f'{name}: ')}"
-        amounts[name] = amount
-    return amounts
-
-
 class _SlotsCache:
     """Parse each distinct stored slot dict once per pass: thousands of kernels
     share a handful of shapes, and parsing exact decimals is the costly part.
-    Returns the slots, or why they cannot be used (``_read_slots``, strict)."""
+    Returns the slots, or why they cannot be used (``read_slots``, strict)."""
 
     def __init__(self) -> None:
         self._parsed: dict[str, policy.ResourceSlots | str] = {}
@@ -107,16 +73,15 @@ class _SlotsCache:
     def __call__(self, text: str | None) -> policy.ResourceSlots | str:
         slots = self._parsed.get(text or "")
         if slots is None:
-            amounts = _read_slots(text, strict=True)
+            amounts = read_slots(text, strict=True)
             slots = self._parsed[text or ""] = (
                 amounts if isinstance(amounts, str) else policy.ResourceSlots.from_mapping(amounts)
             )
         return slots
 
 
-def _as_text(field: str) -> Cast:
-    # The stored JSON as text: no per-row decoding, and the text is the cache key.
-    return Cast(field, output_field=TextField())
+# The stored JSON as text: no per-row decoding, and the text is the cache key.
+_as_text = session_selectors.slots_as_text
 
 
 def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
@@ -136,46 +101,6 @@ def _quota(p: ResourcePolicy | None, groups: dict[int, str]) -> policy.Quota:
         max_containers_per_session=p.max_containers_per_session,
         allowed_resource_groups=frozenset(groups[i] for i in allowed_ids if i in groups) or None,
         max_concurrent_system_sessions=p.max_concurrent_sftp_sessions,
-    )
-
-
-def _sum_slots(
-    rows: Any, unreadable: dict[Any, str] | None = None
-) -> dict[Any, dict[str, Decimal]]:
-    """(key, slots as JSON text) rows summed per key, exactly; each distinct text
-    is decoded once (thousands of kernels share a few shapes). A row that
-    cannot be read is left out of its key's sum, and the key is named in
-    ``unreadable`` with the reason."""
-    totals: dict[Any, dict[str, Decimal]] = defaultdict(dict)
-    parsed: dict[str, list[tuple[str, Decimal]] | str] = {}
-    for key, text in rows:
-        items = parsed.get(text)
-        if items is None:
-            amounts = _read_slots(text, strict=False)
-            items = parsed[text] = amounts if isinstance(amounts, str) else list(amounts.items())
-        if isinstance(items, str):
-            logger.warning("slots of a kernel held by %s cannot be read: %s", key, items)
-            if unreadable is not None:
-                unreadable.setdefault(key, items)
-            continue
-        held = totals[key]
-        for slot, value in items:
-            held[slot] = held.get(slot, _ZERO) + value
-    return totals
-
-
-def agent_occupancy(
-    *, agent_ids: list[str], unreadable: dict[str, str] | None = None
-) -> dict[str, dict[str, Decimal]]:
-    """Slots held on each agent by kernels that occupy resources (derived, never stored first).
-
-    An agent running a kernel whose slots cannot be read is named in ``unreadable``.
-    """
-    return _sum_slots(
-        Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
-            "agent_id", _as_text("requested_slots")
-        ),
-        unreadable,
     )
 
 
@@ -369,32 +294,12 @@ def build_snapshot(
 
 
 def owner_usage(*, owner_ids: set[int]) -> dict[str, policy.OwnerUsage]:
-    counts = {
-        row["owner_id"]: row
-        for row in Session.objects.filter(owner_id__in=owner_ids, status__in=ACTIVE)
-        .values("owner_id")
-        .annotate(
-            pending=Count("pk", filter=Q(status=Status.PENDING)),
-            active=Count(
-                "pk",
-                filter=~Q(status=Status.PENDING) & ~Q(session_type=SessionType.SYSTEM),
-            ),
-            system=Count(
-                "pk", filter=~Q(status=Status.PENDING) & Q(session_type=SessionType.SYSTEM)
-            ),
-        )
-    }
-    held = _sum_slots(
-        Kernel.objects.filter(session__owner_id__in=owner_ids, status__in=OCCUPYING).values_list(
-            "session__owner_id", _as_text("requested_slots")
-        )
-    )
     return {
         str(uid): policy.OwnerUsage(
-            occupied=policy.ResourceSlots.from_mapping(held.get(uid, {})),
-            active_sessions=counts.get(uid, {}).get("active", 0),
-            pending_sessions=counts.get(uid, {}).get("pending", 0),
-            active_system_sessions=counts.get(uid, {}).get("system", 0),
+            occupied=policy.ResourceSlots.from_mapping(usage.held),
+            active_sessions=usage.active,
+            pending_sessions=usage.pending,
+            active_system_sessions=usage.active_system,
         )
-        for uid in owner_ids
+        for uid, usage in session_selectors.owner_usage(owner_ids=owner_ids).items()
     }

@@ -1,22 +1,31 @@
 """Django admin for every model. Statuses are never edited here: ending a
-session is an action that goes through the same service as the API."""
+session is an action that goes through the same service as the API. Sessions,
+kernels and events are never deleted here: they are the audit history.
+
+Slots and durations are typed and shown with units (``sessions_app.forms``).
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from knox.models import AuthToken
 
+from bai_common import units
+
 from . import agent_selectors, services
-from . import slots as slotlib
 from .errors import ApplicationError, InvalidInput
+from .forms import ADMIN_CSS, DurationInput, SlotsField, slot_unit, slots_text
 from .models import (
     Agent,
     DataFolder,
@@ -24,6 +33,7 @@ from .models import (
     Kernel,
     ResourceGroup,
     ResourcePolicy,
+    ResourcePreset,
     Session,
     SessionEvent,
     SessionTemplate,
@@ -32,6 +42,9 @@ from .models import (
 )
 from .templates import validate_template_spec
 from .tokens import token_is_expired, token_prefix
+
+# Durations are typed and shown as 30m, 8h, 1d (every DurationField of a model admin).
+DURATIONS = {models.DurationField: {"form_class": DurationInput}}
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -46,14 +59,18 @@ class ReadOnlyInline(admin.TabularInline):
         return False
 
 
-def _clean_slots(value: Any) -> dict[str, str]:
-    """Slots typed by an admin, stored as exact decimal strings ("4g" becomes
-    bytes): a typo here would otherwise break every launch that reads them."""
-    try:
-        parsed = slotlib.parse_slots(value if value is not None else {}, settings.BAI_SLOT_TYPES)
-    except slotlib.SlotError as exc:
-        raise forms.ValidationError(str(exc)) from None
-    return {slot: format(amount, "f") for slot, amount in parsed.items()}
+class AuditHistory:
+    """Sessions, kernels and events are the audit history: viewable, never deleted here
+    (a deleted session would take its kernels and events with it). The pages say so."""
+
+    change_form_template = "admin/sessions_app/audit_change_form.html"
+    change_list_template = "admin/sessions_app/audit_change_list.html"
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    class Media:
+        css = ADMIN_CSS
 
 
 class AgentSelectorField(forms.ChoiceField):
@@ -107,14 +124,6 @@ class ResourceGroupForm(forms.ModelForm):
             raise forms.ValidationError('A JSON object, such as {} or {"prefix": "gpu-"}.')
         return value
 
-    def clean_pending_timeout(self) -> Any:
-        value = self.cleaned_data["pending_timeout"]
-        if value is not None and value < timedelta(0):
-            raise forms.ValidationError(
-                "A pending timeout cannot be negative. Leave it empty, or 0, for no timeout."
-            )
-        return value
-
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
         if "agent_selection" not in cleaned:
@@ -136,19 +145,27 @@ class ResourceGroupForm(forms.ModelForm):
         return cleaned
 
 
+# Slots typed by an admin are checked and stored as exact decimal strings ("2g"
+# becomes bytes): a typo here would otherwise break every launch that reads them.
 class ImageForm(forms.ModelForm):
-    def clean_min_slots(self) -> Any:
-        return _clean_slots(self.cleaned_data["min_slots"])
+    min_slots = SlotsField(label="Minimum per container", empty_means="Empty: no minimum.")
 
 
 class ResourcePolicyForm(forms.ModelForm):
-    def clean_total_resource_slots(self) -> Any:
-        return _clean_slots(self.cleaned_data["total_resource_slots"])
+    total_resource_slots = SlotsField(
+        label="Total resource slots",
+        empty_means="The most a user may hold at once, over all their sessions. Empty: unlimited.",
+    )
+
+
+class ResourcePresetForm(forms.ModelForm):
+    resource_slots = SlotsField(label="Resources per container", required_slots=("cpu", "mem"))
 
 
 @admin.register(ResourceGroup)
 class ResourceGroupAdmin(admin.ModelAdmin):
     form = ResourceGroupForm
+    formfield_overrides = DURATIONS
     list_display = [
         "name",
         "is_active",
@@ -182,6 +199,67 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         return super().get_changelist_form(request, **kwargs)
 
 
+# The slots the agents list shows as bars, in this order.
+USAGE_SLOTS = ("cpu", "mem", "cuda.device")
+USAGE_NAMES = {"cpu": "cpu", "mem": "mem", "cuda.device": "gpu"}
+
+
+def _amount(slots: dict[str, Any], slot: str) -> Decimal:
+    try:
+        return Decimal(str(slots.get(slot) or 0))
+    except ArithmeticError:
+        return Decimal(0)
+
+
+def _used_of(slot: str, used: Decimal, total: Decimal) -> str:
+    """``2.5 / 8 cores``, ``40 / 128 GiB`` (the unit once when both share it), ``1 / 2``."""
+    used_text, total_text = units.format_amount(slot, used), units.format_amount(slot, total)
+    if slot == "mem":
+        number, _, unit = used_text.partition(" ")
+        if used == 0 or total_text.endswith(f" {unit}"):
+            used_text = number
+        return f"{used_text} / {total_text}"
+    unit = slot_unit(slot)
+    return f"{used_text} / {total_text} {unit}" if unit else f"{used_text} / {total_text}"
+
+
+def usage_bars(capacity: dict[str, Any], occupied: dict[str, Any]) -> SafeString:
+    """Used of capacity per slot, as ``<meter>`` bars with the figures beside them
+    (attributes only, no inline style: the pages run under a strict CSP)."""
+    rows = []
+    for slot in USAGE_SLOTS:
+        total, used = _amount(capacity, slot), _amount(occupied, slot)
+        name = USAGE_NAMES[slot]
+        if total <= 0:
+            rows.append(
+                format_html(
+                    '<span class="bai-usage-name">{}</span><span></span>'
+                    '<span class="bai-usage-text bai-none">none</span>',
+                    name,
+                )
+            )
+            continue
+        text = _used_of(slot, used, total)
+        rows.append(
+            format_html(
+                '<span class="bai-usage-name">{}</span>'
+                '<meter min="0" max="{}" value="{}" low="{}" high="{}" optimum="0" title="{}">'
+                "</meter>"
+                '<span class="bai-usage-text">{}</span>',
+                name,
+                units.format_decimal(total),
+                units.format_decimal(min(used, total)),
+                units.format_decimal(total * Decimal("0.7")),
+                units.format_decimal(total * Decimal("0.9")),
+                f"{name} in use: {text}",
+                text,
+            )
+        )
+    return format_html(
+        '<div class="bai-usage">{}</div>', format_html_join("", "{}", ((r,) for r in rows))
+    )
+
+
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
     list_display = [
@@ -191,20 +269,22 @@ class AgentAdmin(admin.ModelAdmin):
         "schedulable",
         "backend",
         "hostname",
-        "capacity_slots",
-        "occupied_slots",
+        "usage",
         "last_heartbeat_at",
     ]
     list_filter = ["status", "resource_group", "backend"]
     search_fields = ["id", "hostname"]
+    # The agent reports its capacity when it registers; what is occupied is the
+    # manager's to count. Neither is typed here.
+    exclude = ["capacity_slots"]
     readonly_fields = [
         "status",
         "status_reason",
         "backend",
         "hostname",
         "version",
-        "capacity_slots",
-        "occupied_slots",
+        "capacity",
+        "usage",
         "token_prefix",
         "first_contact_at",
         "last_heartbeat_at",
@@ -212,6 +292,17 @@ class AgentAdmin(admin.ModelAdmin):
         "created_at",
     ]
     actions = ["regenerate_token"]
+
+    class Media:
+        css = ADMIN_CSS
+
+    @admin.display(description="capacity")
+    def capacity(self, obj: Agent) -> str:
+        return slots_text(obj.capacity_slots, empty="not reported yet")
+
+    @admin.display(description="used / capacity")
+    def usage(self, obj: Agent) -> SafeString:
+        return usage_bars(obj.capacity_slots or {}, obj.occupied_slots or {})
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
         token = None if change else obj.set_new_token()
@@ -242,39 +333,137 @@ class AgentAdmin(admin.ModelAdmin):
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
     form = ImageForm
-    list_display = ["reference", "display_name", "is_active", "supports_ssh", "min_slots"]
+    list_display = ["reference", "display_name", "is_active", "supports_ssh", "minimum"]
     list_filter = ["is_active", "supports_ssh"]
     search_fields = ["reference", "display_name"]
     filter_horizontal = ["allowed_groups"]
 
+    @admin.display(description="minimum per container")
+    def minimum(self, obj: Image) -> str:
+        return slots_text(obj.min_slots)
+
+
+class UserResourcePolicyForm(forms.ModelForm):
+    """The user is the row's primary key: it is chosen when the row is added and
+    shown read-only afterwards. (Changing it on an existing row would write a row
+    for the new user and leave the old one as it was.)"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "user" in self.fields and not self.instance._state.adding:
+            self.fields["user"].disabled = True
+            self.fields[
+                "user"
+            ].help_text = "To move the policy to another user, delete this row and add one."
+
+
+class UserResourcePolicyFormSet(forms.BaseInlineFormSet):
+    def delete_existing(self, obj: UserResourcePolicy, commit: bool = True) -> None:
+        user = obj.user
+        super().delete_existing(obj, commit=commit)
+        # delete() clears the primary key, which is the user; the change message
+        # (the admin's history) still names whose assignment was removed.
+        obj.user = user
+
 
 class UserResourcePolicyInline(admin.TabularInline):
     model = UserResourcePolicy
+    form = UserResourcePolicyForm
+    formset = UserResourcePolicyFormSet
     extra = 0
     autocomplete_fields = ["user"]
+    verbose_name = "user with this policy"
+    verbose_name_plural = "users with this policy"
 
 
 @admin.register(ResourcePolicy)
 class ResourcePolicyAdmin(admin.ModelAdmin):
     form = ResourcePolicyForm
+    formfield_overrides = DURATIONS
     list_display = [
         "name",
         "is_default",
-        "total_resource_slots",
+        "total_slots",
         "max_concurrent_sessions",
         "max_pending_sessions",
         "max_containers_per_session",
-        "idle_timeout",
-        "max_session_lifetime",
+        "idle",
+        "lifetime",
     ]
     filter_horizontal = ["allowed_resource_groups"]
     inlines = [UserResourcePolicyInline]
 
+    @admin.display(description="total resource slots")
+    def total_slots(self, obj: ResourcePolicy) -> str:
+        return slots_text(obj.total_resource_slots, empty="unlimited")
+
+    @admin.display(description="idle timeout", ordering="idle_timeout")
+    def idle(self, obj: ResourcePolicy) -> str:
+        return units.format_duration(obj.idle_timeout) if obj.idle_timeout else "never"
+
+    @admin.display(description="max session lifetime", ordering="max_session_lifetime")
+    def lifetime(self, obj: ResourcePolicy) -> str:
+        if obj.max_session_lifetime:
+            return units.format_duration(obj.max_session_lifetime)
+        return "unlimited"
+
 
 @admin.register(UserResourcePolicy)
 class UserResourcePolicyAdmin(admin.ModelAdmin):
+    form = UserResourcePolicyForm
     list_display = ["user", "policy"]
+    list_select_related = ["user", "policy"]
     autocomplete_fields = ["user"]
+    search_fields = ["user__username"]
+
+
+class UserPolicyInline(admin.StackedInline):
+    """A user's resource policy, set on the user's own page."""
+
+    model = UserResourcePolicy
+    formset = UserResourcePolicyFormSet
+    fields = ["policy"]
+    max_num = 1
+    can_delete = True
+    verbose_name = "resource policy"
+    verbose_name_plural = "resource policy"
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        formset = super().get_formset(request, obj, **kwargs)
+        default = ResourcePolicy.objects.filter(is_default=True).first()
+        fallback = f"the default policy ({default.name})" if default else "no policy (no limits)"
+        formset.form.base_fields[
+            "policy"
+        ].help_text = f"Without one, {fallback} applies. Delete the row to go back to it."
+        return formset
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+
+
+@admin.register(User)
+class UserWithPolicyAdmin(UserAdmin):
+    inlines = [*UserAdmin.inlines, UserPolicyInline]
+
+
+@admin.register(ResourcePreset)
+class ResourcePresetAdmin(admin.ModelAdmin):
+    form = ResourcePresetForm
+    list_display = ["name", "resources", "resource_group", "order", "description"]
+    list_editable = ["order"]
+    list_filter = ["resource_group"]
+    list_select_related = ["resource_group"]
+    search_fields = ["name", "description"]
+    fields = ["name", "description", "resource_slots", "resource_group", "order"]
+
+    class Media:
+        css = ADMIN_CSS
+
+    @admin.display(description="per container")
+    def resources(self, obj: ResourcePreset) -> str:
+        return slots_text(obj.resource_slots)
 
 
 class KernelInline(ReadOnlyInline):
@@ -299,7 +488,7 @@ class EventInline(ReadOnlyInline):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(AuditHistory, admin.ModelAdmin):
     list_display = [
         "name",
         "short_id",
@@ -328,7 +517,7 @@ class SessionAdmin(admin.ModelAdmin):
         "status_changed_at",
         "cluster_mode",
         "cluster_size",
-        "requested_slots",
+        "resources",
         "image",
         "resource_group",
         "template",
@@ -346,10 +535,14 @@ class SessionAdmin(admin.ModelAdmin):
         "terminated_at",
         "last_activity_at",
     ]
-    exclude = ["mounts", "depends_on"]
+    exclude = ["mounts", "depends_on", "requested_slots"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # sessions are launched through the API or the launch dialog
+
+    @admin.display(description="resources per container")
+    def resources(self, obj: Session) -> str:
+        return slots_text(obj.requested_slots)
 
     @admin.action(description="Terminate the selected sessions")
     def terminate_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
@@ -367,7 +560,7 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Kernel)
-class KernelAdmin(admin.ModelAdmin):
+class KernelAdmin(AuditHistory, admin.ModelAdmin):
     list_display = ["cluster_hostname", "session", "agent", "status", "status_reason", "exit_code"]
     list_filter = ["status", "cluster_role"]
     search_fields = ["id", "session__name", "container_id"]
@@ -381,7 +574,7 @@ class KernelAdmin(admin.ModelAdmin):
 
 
 @admin.register(SessionEvent)
-class SessionEventAdmin(admin.ModelAdmin):
+class SessionEventAdmin(AuditHistory, admin.ModelAdmin):
     """Append-only: viewable, never edited."""
 
     list_display = ["created_at", "session", "kernel", "from_status", "to_status", "reason"]
@@ -393,9 +586,6 @@ class SessionEventAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 

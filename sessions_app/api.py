@@ -19,9 +19,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import deadlines, selectors, services, tokens
+from . import slots as slotlib
 from .auth import LoginFailureThrottle
-from .errors import ApplicationError, InvalidInput, NotFound, TooManyRequests
-from .models import Kernel, Session, SessionTemplate
+from .errors import ApplicationError, InvalidInput, NotFound, TooManyRequests, field_error
+from .models import Kernel, ResourcePreset, Session, SessionTemplate
+from .preview import VERDICTS, launch_preview
 from .specs import LAUNCH_SCHEMA, openapi_schema
 from .templates import export_template_document, parse_template_document
 
@@ -265,6 +267,105 @@ class SessionListCreateApi(APIView):
         session = services.session_create(owner=request.user, spec=request.data)
         session = selectors.get_session_for_user(user=request.user, session_id=session.pk)
         return Response(SessionDetailSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+# --- will it fit ------------------------------------------------------------------------------
+
+
+class SlotAmountsField(serializers.DictField):
+    """Slot -> exact decimal string (``mem`` in bytes)."""
+
+    child = serializers.CharField()
+
+
+class PreviewContainersSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["main", "sub"])
+    count = serializers.IntegerField(help_text="Containers of this role (main: 1).")
+    resources = SlotAmountsField(help_text="Per container.")
+
+
+class PreviewResourcesSerializer(serializers.Serializer):
+    cluster_mode = serializers.CharField()
+    cluster_size = serializers.IntegerField()
+    containers = PreviewContainersSerializer(many=True)
+    total = SlotAmountsField(help_text="All containers together.")
+    text = serializers.CharField(help_text='The total for people, e.g. "3 cpu, 3 GiB mem".')
+
+
+class PreviewSlotQuotaSerializer(serializers.Serializer):
+    limit = serializers.CharField(allow_null=True, help_text="null: unlimited.")
+    used = serializers.CharField(help_text="Held now by the user's running sessions.")
+    left = serializers.CharField(allow_null=True, help_text="null: unlimited.")
+    text = serializers.CharField()
+
+
+class PreviewSessionQuotaSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(allow_null=True)
+    active = serializers.IntegerField()
+    left = serializers.IntegerField(allow_null=True)
+
+
+class PreviewPendingQuotaSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(allow_null=True)
+    pending = serializers.IntegerField()
+    left = serializers.IntegerField(allow_null=True)
+
+
+class PreviewQuotaSerializer(serializers.Serializer):
+    policy = serializers.CharField(allow_null=True, help_text="The resource policy that applies.")
+    slots = serializers.DictField(child=PreviewSlotQuotaSerializer())
+    sessions = PreviewSessionQuotaSerializer(
+        help_text="Concurrent sessions (for a system session: concurrent system sessions)."
+    )
+    pending_sessions = PreviewPendingQuotaSerializer()
+    max_containers_per_session = serializers.IntegerField(allow_null=True)
+
+
+class PreviewGroupSlotSerializer(serializers.Serializer):
+    capacity = serializers.CharField()
+    occupied = serializers.CharField()
+    free = serializers.CharField()
+    largest_free = serializers.CharField(help_text="The most free on any one agent.")
+    text = serializers.CharField()
+
+
+class PreviewGroupSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    session_selection = serializers.CharField()
+    agents = serializers.IntegerField(help_text="Agents alive and schedulable now.")
+    pending_sessions = serializers.IntegerField(help_text="Sessions waiting in this group.")
+    slots = serializers.DictField(child=PreviewGroupSlotSerializer())
+
+
+class PreviewOutputSerializer(serializers.Serializer):
+    verdict = serializers.ChoiceField(
+        choices=list(VERDICTS),
+        help_text="start_now: the next scheduling pass should place it; wait: it would be "
+        "accepted and wait (reason says for what); never: it can never fit (a launch is refused "
+        "with the same reason) or a dependency already failed.",
+    )
+    reason = serializers.CharField(help_text="The first reason, in the scheduler's words.")
+    reasons = serializers.ListField(
+        child=serializers.CharField(), help_text="Every reason it would wait."
+    )
+    resources = PreviewResourcesSerializer()
+    quota = PreviewQuotaSerializer(help_text="What is left of the user's quota.")
+    resource_group = PreviewGroupSerializer(help_text="What the chosen group has free now.")
+
+
+class SessionPreviewApi(APIView):
+    """Will it fit: the launch spec of ``POST /sessions/``, judged without launching."""
+
+    @extend_schema(
+        request={"application/json": openapi_schema(LAUNCH_SCHEMA)},
+        responses={200: PreviewOutputSerializer},
+        description="Takes the launch spec of POST /api/v1/sessions/ and writes nothing. "
+        "A bad spec (400) and the pending-session limit (403) answer as a launch would; "
+        "a session that can never fit answers 200 with verdict never and the launch's reason.",
+    )
+    def post(self, request: Request) -> Response:
+        preview = launch_preview(owner=request.user, spec=request.data)
+        return Response(PreviewOutputSerializer(preview).data)
 
 
 class SessionDetailApi(APIView):
@@ -539,6 +640,42 @@ class ImageListApi(APIView):
         return Response(
             ImageSerializer(selectors.images_for_user(user=request.user), many=True).data
         )
+
+
+class PresetSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    resources = SlotAmountsField(source="resource_slots", help_text="Per container.")
+    resource_group = serializers.CharField(
+        source="resource_group.name", allow_null=True, help_text="null: offered in every group."
+    )
+    text = serializers.SerializerMethodField(help_text='For people, e.g. "1 cpu, 2 GiB mem".')
+
+    def get_text(self, obj: ResourcePreset) -> str:
+        return ", ".join(
+            slotlib.fmt(slot, value)
+            for slot, value in slotlib.from_strings(obj.resource_slots).items()
+        )
+
+
+class PresetListApi(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "resource_group", str, description="Only the presets offered in this group."
+            )
+        ],
+        responses=PresetSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        group = None
+        if name := request.query_params.get("resource_group"):
+            group = selectors.resource_groups_for_user(user=request.user).filter(name=name).first()
+            if group is None:
+                raise field_error("resource_group", f"unknown resource group {name!r}")
+        presets = selectors.presets_for_user(user=request.user, group=group)
+        return Response(PresetSerializer(presets, many=True).data)
 
 
 class ResourceGroupSerializer(serializers.Serializer):

@@ -33,8 +33,9 @@ from bai_common.units import format_amount
 from . import policy as rules
 from . import selectors
 from . import slots as slotlib
-from .errors import Forbidden, InvalidInput, QuotaExceeded, field_error
+from .errors import Conflict, Forbidden, InvalidInput, QuotaExceeded, field_error
 from .models import (
+    TERMINAL,
     AgentStatus,
     ClusterMode,
     DataFolder,
@@ -115,6 +116,53 @@ def plan_launch(*, owner: AbstractBaseUser, spec: Any) -> LaunchPlan:
     Raises InvalidInput (400), Forbidden or QuotaExceeded (403) naming the
     field; returns the plan otherwise.
     """
+    plan, policy = _plan(owner=owner, spec=spec)
+    _check_quota(owner, policy, plan)
+    _check_capacity(plan)
+    return plan
+
+
+def plan_preview(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, str | None]:
+    """``plan_launch`` for a preview: (the plan, why it can never fit or None).
+
+    A bad spec, a name in use and the pending limit raise the same errors as a
+    launch; what a launch refuses because it can never fit (the quota's bounds on one session,
+    more than the group's largest agent) is returned as the reason instead.
+    """
+    plan, policy = _plan(owner=owner, spec=spec)
+    conflict = name_conflict(owner=owner, name=plan.name)
+    if conflict is not None:
+        raise conflict
+    never = _Errors()
+    _check_quota_bounds(policy, plan, never)
+    if never.fields:
+        return plan, next(iter(never.fields.values()))[0]
+    try:
+        _check_capacity(plan)
+    except InvalidInput as exc:
+        return plan, exc.message
+    pending = _Errors()
+    _check_pending_limit(owner, policy, plan, pending)
+    pending.raise_if_any(QuotaExceeded)
+    return plan, None
+
+
+def name_conflict(*, owner: AbstractBaseUser, name: str) -> Conflict | None:
+    """The error for a name one of the owner's active sessions already has, or None.
+
+    A launch checks it after its insert fails (so two concurrent launches cannot
+    both pass); a preview checks it before, to answer as the launch would.
+    """
+    if not Session.objects.filter(owner=owner, name=name).exclude(status__in=TERMINAL).exists():
+        return None
+    return Conflict(
+        f"You already have an active session named {name!r}.",
+        {"fields": {"name": ["already used by one of your active sessions"]}},
+    )
+
+
+def _plan(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, ResourcePolicy | None]:
+    """The spec's shape and meaning, checked; quota and capacity are the callers'."""
     if not isinstance(spec, dict):
         raise InvalidInput("The body must be a JSON object.")
     shape = spec_errors(spec)
@@ -148,9 +196,7 @@ def plan_launch(*, owner: AbstractBaseUser, spec: Any) -> LaunchPlan:
         agents=_check_agents(owner, group, spec.get("agents") or [], bad),
     )
     bad.raise_if_any()
-    _check_quota(owner, policy, plan)
-    _check_capacity(plan)
-    return plan
+    return plan, policy
 
 
 def _with_template(
@@ -427,9 +473,16 @@ def _check_agents(
 
 def _check_quota(owner: AbstractBaseUser, policy: ResourcePolicy | None, plan: LaunchPlan) -> None:
     """What no amount of waiting can satisfy, and the pending limit (403)."""
+    bad = _Errors()
+    _check_quota_bounds(policy, plan, bad)
+    _check_pending_limit(owner, policy, plan, bad)
+    bad.raise_if_any(QuotaExceeded)
+
+
+def _check_quota_bounds(policy: ResourcePolicy | None, plan: LaunchPlan, bad: _Errors) -> None:
+    """The quota's bounds on one session alone: more containers or slots than it ever allows."""
     if policy is None or plan.session_type == SessionType.SYSTEM:
         return
-    bad = _Errors()
     refusal = rules.containers_refusal(plan.cluster_size, policy.max_containers_per_session)
     if refusal is not None:
         bad("cluster_size", refusal)
@@ -446,19 +499,27 @@ def _check_quota(owner: AbstractBaseUser, policy: ResourcePolicy | None, plan: L
         )
         if refusal is not None:
             bad("resources", refusal)
+
+
+def _check_pending_limit(
+    owner: AbstractBaseUser, policy: ResourcePolicy | None, plan: LaunchPlan, bad: _Errors
+) -> None:
+    if policy is None or plan.session_type == SessionType.SYSTEM:
+        return
     pending = Session.objects.filter(owner=owner, status=Status.PENDING).count()
     refusal = rules.pending_refusal(pending, policy.max_pending_sessions)
     if refusal is not None:
         bad("non_field_errors", refusal)
-    bad.raise_if_any(QuotaExceeded)
 
 
 def _check_capacity(plan: LaunchPlan) -> None:
     """Refuse what no agent of the group could ever hold (only once the group has agents)."""
     capacities = []
     for raw in selectors.agents_in_group(group=plan.group).values_list("capacity_slots", flat=True):
+        if not raw:
+            continue  # not registered yet: its capacity is unknown
         try:
-            capacities.append(slotlib.from_strings(raw or {}))
+            capacities.append(slotlib.from_strings(raw))
         except (ArithmeticError, ValueError, TypeError, AttributeError):
             continue  # an agent whose capacity cannot be read is left out, as the pass does
     if not capacities:

@@ -300,6 +300,35 @@ class UserResourcePolicy(models.Model):
         return f"{self.user} → {self.policy}"
 
 
+class ResourcePreset(models.Model):
+    """A named size that admins define ("small: 1 CPU, 2 GiB"), offered in the launch dialog.
+
+    ``resource_slots`` are per container, like a launch's ``resources``; an empty
+    ``resource_group`` offers the preset in every group.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    description = models.CharField(max_length=255, blank=True)
+    resource_slots = models.JSONField(default=dict, help_text="Per container.")
+    resource_group = models.ForeignKey(
+        ResourceGroup,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="presets",
+        help_text="Empty: offered in every resource group.",
+    )
+    order = models.PositiveIntegerField(
+        default=0, help_text="Presets are listed by this, then name."
+    )
+
+    class Meta:
+        ordering = ["order", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 # --- data folders and templates --------------------------------------------
 
 

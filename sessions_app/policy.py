@@ -1,18 +1,22 @@
 """Rules of sessions that launch validation and the scheduler share, worded once.
 
 Pure Python (no Django): ``sessions_app.launch`` refuses at the API what can
-never start, and ``scheduler_app.policy`` (which imports this module) holds a
-pending session back with the same checks and the same words. Amounts are
-generic numbers (exact decimals at launch, the pass's scaled integers), shown
-through the caller's ``amount`` function.
+never start, ``sessions_app.preview`` tells what would wait, and
+``scheduler_app.policy`` (which imports this module) holds a pending session
+back with the same checks and the same words. Amounts are generic numbers
+(exact decimals at launch, the pass's scaled integers), shown through the
+caller's ``amount`` function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import TypeVar
+
+from bai_common.units import format_amount, format_slot
 
 N = TypeVar("N", int, Decimal)
 
@@ -25,9 +29,16 @@ __all__ = [
     "concurrent_refusal",
     "containers_refusal",
     "dependencies_verdict",
+    "dependencies_wait",
     "dependency_state",
+    "free_shortage",
+    "no_live_agent",
     "pending_refusal",
+    "placement_shortage",
+    "queued_behind",
+    "slot_order",
     "slot_value_refusal",
+    "start_time_wait",
     "total_slots_refusal",
 ]
 
@@ -115,6 +126,119 @@ def capacity_refusal(*, need: str, where: str, group: str, largest: str) -> str:
     return f"{need}{where}; no agent in resource group {group} has that much (the largest agent has {largest})"
 
 
+def no_live_agent(group: str) -> str:
+    """A group with no agent that could take a kernel now."""
+    return f"no agent alive and schedulable in resource group {group}"
+
+
+def free_shortage(*, need: str, where: str, label: str, largest: str) -> str:
+    """A request that fits an agent of the group, but not what is free now.
+
+    ``need``: "needs 8 cpu" (with the cluster prefix); ``where``: " per container" or
+    " on one agent"; ``label``: "largest free on an agent" or "largest free".
+    """
+    return f"{need}{where}; {label}: {largest}"
+
+
+def queued_behind(session_id: str) -> str:
+    """FIFO: a session behind one that waits for resources waits too."""
+    return f"queued behind session {session_id[:8]} which waits for resources"
+
+
+def start_time_wait(starts_at: datetime) -> str:
+    return f"starts at {starts_at.isoformat()}"
+
+
+def slot_order(names: Iterable[str]) -> list[str]:
+    """cpu, mem, then the others by name: the order in which shortages are named."""
+    rest = sorted(set(names) - {"cpu", "mem"})
+    return ["cpu", "mem", *rest]
+
+
+def _fits(need: Mapping[str, Decimal], free: Mapping[str, Decimal]) -> bool:
+    return all(value <= free.get(slot, Decimal(0)) for slot, value in need.items() if value > 0)
+
+
+def _sum(vectors: Sequence[Mapping[str, Decimal]]) -> dict[str, Decimal]:
+    total: dict[str, Decimal] = {}
+    for vector in vectors:
+        for slot, value in vector.items():
+            total[slot] = total.get(slot, Decimal(0)) + value
+    return total
+
+
+def _describe(need: Mapping[str, Decimal]) -> str:
+    parts = [format_slot(s, need[s]) for s in slot_order(need) if need.get(s, Decimal(0)) > 0]
+    return " and ".join(parts) if parts else "nothing"
+
+
+def placement_shortage(
+    *,
+    kernels: Sequence[Mapping[str, Decimal]],
+    single_node: bool,
+    free: Sequence[Mapping[str, Decimal]],
+    group: str,
+) -> str | None:
+    """Why ``kernels`` cannot all be placed on the agents' ``free`` slots now, in the
+    scheduler's words; None when they can.
+
+    A rule of thumb, not the pass: single-node needs one agent that holds the sum;
+    multi-node fits when one agent holds the sum or when the kernels, largest first,
+    each find an agent with room (most free first). What is free is only what the
+    agents have now; sessions that go first may take it.
+    """
+    if not free:
+        return no_live_agent(group)
+    size = len(kernels)
+    total = _sum(kernels)
+    if any(_fits(total, room) for room in free):
+        return None
+    block = single_node and size > 1
+    needs: list[Mapping[str, Decimal]]
+    if block:
+        needs, prefix = [total], f"single-node cluster of {size} needs "
+        where, label = " on one agent", "largest free"
+    else:
+        needs = list(kernels)
+        prefix = f"multi-node cluster of {size} needs " if size > 1 else "needs "
+        where, label = " per container", "largest free on an agent"
+    slots = slot_order({slot for room in free for slot in room} | set(total))
+    largest = {slot: max(room.get(slot, Decimal(0)) for room in free) for slot in slots}
+    for need in needs:
+        for slot in slots:
+            wanted = need.get(slot, Decimal(0))
+            if wanted > largest[slot]:
+                return free_shortage(
+                    need=f"{prefix}{format_slot(slot, wanted)}",
+                    where=where,
+                    label=label,
+                    largest=format_amount(slot, max(largest[slot], Decimal(0))),
+                )
+    if block or size == 1:
+        return f"{prefix}{_describe(needs[0])}{where}; no agent has all of it free"
+    rooms = [dict(room) for room in free]
+    order = sorted(
+        range(size),
+        key=lambda i: tuple(kernels[i].get(s, Decimal(0)) for s in slots),
+        reverse=True,
+    )
+    placed = 0
+    for i in order:
+        fitting = [room for room in rooms if _fits(kernels[i], room)]
+        if not fitting:
+            continue
+        room = max(fitting, key=lambda r: tuple(r.get(s, Decimal(0)) for s in slots))
+        for slot, value in kernels[i].items():
+            room[slot] = room.get(slot, Decimal(0)) - value
+        placed += 1
+    if placed == size:
+        return None
+    return (
+        f"{prefix}{_describe(kernels[0])}{where}; only {placed} of "
+        f"{size} containers fit on the free agents at once"
+    )
+
+
 # --- dependencies --------------------------------------------------------------
 
 
@@ -179,3 +303,8 @@ def dependencies_verdict(
         return None, waiting
     unfinished = [f"dependency {label} had not finished" for label in waiting]
     return "; ".join(failed + unfinished), waiting
+
+
+def dependencies_wait(waiting: Sequence[str]) -> str:
+    """A dependant whose dependencies (labels) have not finished yet."""
+    return f"waiting for dependencies: {', '.join(waiting)}"

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet, TextField
+from django.db.models.functions import Cast
+
+from bai_common import units
 
 from .errors import NotFound
 from .models import (
+    ACTIVE,
+    OCCUPYING,
     Agent,
     AgentStatus,
     DataFolder,
@@ -16,11 +27,17 @@ from .models import (
     Kernel,
     ResourceGroup,
     ResourcePolicy,
+    ResourcePreset,
     Session,
     SessionEvent,
     SessionTemplate,
+    SessionType,
+    Status,
     UserResourcePolicy,
 )
+from .policy import slot_value_refusal
+
+logger = logging.getLogger(__name__)
 
 
 def sessions_for_user(*, user: AbstractBaseUser, include_all: bool = False) -> QuerySet[Session]:
@@ -113,3 +130,150 @@ def agents_in_group(*, group: ResourceGroup) -> QuerySet[Agent]:
     return Agent.objects.filter(resource_group=group, schedulable=True).exclude(
         status=AgentStatus.TERMINATED
     )
+
+
+def presets_for_user(
+    *, user: AbstractBaseUser, group: ResourceGroup | None = None
+) -> QuerySet[ResourcePreset]:
+    """The presets offered to a user: those for every group and those of the groups
+    they may use (only ``group``'s, when given)."""
+    groups = resource_groups_for_user(user=user)
+    if group is not None:
+        groups = groups.filter(pk=group.pk)
+    return ResourcePreset.objects.filter(
+        Q(resource_group__isnull=True) | Q(resource_group__in=groups)
+    ).select_related("resource_group")
+
+
+# --- slots held: what agents and owners occupy now ------------------------------------
+
+
+def slots_as_text(field_name: str) -> Cast:
+    """A stored slot mapping as JSON text: no per-row decoding, and the text is a cache key."""
+    return Cast(field_name, output_field=TextField())
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else f"{text[:61]}..."
+
+
+def read_slots(text: str | None, *, strict: bool) -> dict[str, Decimal] | str:
+    """Stored slots (JSON text) as exact amounts, or why they cannot be used:
+    "cpu '1e-19', which is out of range (...)". ``strict``: also the documented
+    precision and ceiling of every slot (requests and capacities, which the
+    API and the gateway bound); otherwise any finite, non-negative amount
+    (what placed kernels hold, whatever they were given)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return f"slots {_shown(text)}, which are not JSON"
+    if not isinstance(raw, dict):
+        return f"slots {_shown(raw)}, which are not a mapping of slot to amount"
+    amounts: dict[str, Decimal] = {}
+    for slot, value in raw.items():
+        name, shown = str(slot)[:64], _shown(value)
+        try:
+            amount = units.parse_amount(value)
+        except ValueError as exc:
+            detail = str(exc)
+            if detail.startswith(f"{shown} "):
+                return f"{name} {shown}, which {detail[len(shown) + 1 :]}"
+            return f"{name} {shown}: {detail}"
+        why = slot_value_refusal(name, amount) if strict else None
+        if why is not None:
+            return f"{name} {shown}: {why.removeprefix(f'{name}: ')}"
+        amounts[name] = amount
+    return amounts
+
+
+def sum_slots(rows: Any, unreadable: dict[Any, str] | None = None) -> dict[Any, dict[str, Decimal]]:
+    """(key, slots as JSON text) rows summed per key, exactly; each distinct text
+    is decoded once (thousands of kernels share a few shapes). A row that
+    cannot be read is left out of its key's sum, and the key is named in
+    ``unreadable`` with the reason."""
+    totals: dict[Any, dict[str, Decimal]] = defaultdict(dict)
+    parsed: dict[str, list[tuple[str, Decimal]] | str] = {}
+    for key, text in rows:
+        items = parsed.get(text)
+        if items is None:
+            amounts = read_slots(text, strict=False)
+            items = parsed[text] = amounts if isinstance(amounts, str) else list(amounts.items())
+        if isinstance(items, str):
+            logger.warning("slots of a kernel held by %s cannot be read: %s", key, items)
+            if unreadable is not None:
+                unreadable.setdefault(key, items)
+            continue
+        held = totals[key]
+        for slot, value in items:
+            held[slot] = held.get(slot, Decimal(0)) + value
+    return totals
+
+
+def agent_occupancy(
+    *, agent_ids: list[str], unreadable: dict[str, str] | None = None
+) -> dict[str, dict[str, Decimal]]:
+    """Slots held on each agent by kernels that occupy resources (derived, never stored first).
+
+    An agent running a kernel whose slots cannot be read is named in ``unreadable``.
+    """
+    return sum_slots(
+        Kernel.objects.filter(agent_id__in=agent_ids, status__in=OCCUPYING).values_list(
+            "agent_id", slots_as_text("requested_slots")
+        ),
+        unreadable,
+    )
+
+
+@dataclass
+class OwnerUsage:
+    """What one user holds now: slots of their occupying kernels and their session counts
+    (``active``: started and not ended, system sessions apart)."""
+
+    held: dict[str, Decimal] = field(default_factory=dict)
+    active: int = 0
+    pending: int = 0
+    active_system: int = 0
+
+
+def owner_usage(*, owner_ids: set[Any]) -> dict[Any, OwnerUsage]:
+    """Per owner id, what quotas count against them now."""
+    counts = {
+        row["owner_id"]: row
+        for row in Session.objects.filter(owner_id__in=owner_ids, status__in=ACTIVE)
+        .values("owner_id")
+        .annotate(
+            pending=Count("pk", filter=Q(status=Status.PENDING)),
+            active=Count(
+                "pk",
+                filter=~Q(status=Status.PENDING) & ~Q(session_type=SessionType.SYSTEM),
+            ),
+            system=Count(
+                "pk", filter=~Q(status=Status.PENDING) & Q(session_type=SessionType.SYSTEM)
+            ),
+        )
+    }
+    held = sum_slots(
+        Kernel.objects.filter(session__owner_id__in=owner_ids, status__in=OCCUPYING).values_list(
+            "session__owner_id", slots_as_text("requested_slots")
+        )
+    )
+    return {
+        uid: OwnerUsage(
+            held=held.get(uid, {}),
+            active=counts.get(uid, {}).get("active", 0),
+            pending=counts.get(uid, {}).get("pending", 0),
+            active_system=counts.get(uid, {}).get("system", 0),
+        )
+        for uid in owner_ids
+    }
+
+
+def live_agents_in_group(*, group: ResourceGroup) -> list[tuple[str, dict[str, Decimal]]]:
+    """(agent id, capacity) of the agents that can take a kernel now: alive and schedulable."""
+    return [
+        (pk, {k: Decimal(str(v)) for k, v in (capacity or {}).items()})
+        for pk, capacity in Agent.objects.filter(
+            resource_group=group, status=AgentStatus.ALIVE, schedulable=True
+        ).values_list("pk", "capacity_slots")
+    ]

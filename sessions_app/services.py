@@ -27,7 +27,7 @@ from . import live
 from . import policy as rules
 from . import slots as slotlib
 from .errors import Conflict, field_error
-from .launch import FOLDER_NAME, LaunchPlan, plan_launch
+from .launch import FOLDER_NAME, LaunchPlan, name_conflict, plan_launch
 from .models import (
     ACTIVE,
     TERMINAL,
@@ -62,15 +62,9 @@ def session_create(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> Session:
         # Checked here rather than before the insert, so that two concurrent
         # launches cannot both pass; by existence, since SQLite's message
         # does not name the constraint.
-        if (
-            Session.objects.filter(owner=owner, name=plan.name)
-            .exclude(status__in=TERMINAL)
-            .exists()
-        ):
-            raise Conflict(
-                f"You already have an active session named {plan.name!r}.",
-                {"fields": {"name": ["already used by one of your active sessions"]}},
-            ) from None
+        conflict = name_conflict(owner=owner, name=plan.name)
+        if conflict is not None:
+            raise conflict from None
         raise
     logger.info("session %s created by user %s in group %s", session.pk, owner.pk, plan.group.name)
     return session

@@ -5,6 +5,8 @@ from . import api
 urlpatterns = [
     path("auth/token/", api.TokenCreateApi.as_view(), name="api-token"),
     path("sessions/", api.SessionListCreateApi.as_view(), name="api-sessions"),
+    # Before sessions/<id>/, which would take "preview" for an id.
+    path("sessions/preview/", api.SessionPreviewApi.as_view(), name="api-session-preview"),
     path("sessions/<str:session_id>/", api.SessionDetailApi.as_view(), name="api-session"),
     path(
         "sessions/<str:session_id>/terminate/",
@@ -27,6 +29,7 @@ urlpatterns = [
     path("folders/", api.FolderListCreateApi.as_view(), name="api-folders"),
     path("folders/<int:folder_id>/", api.FolderDeleteApi.as_view(), name="api-folder"),
     path("images/", api.ImageListApi.as_view(), name="api-images"),
+    path("presets/", api.PresetListApi.as_view(), name="api-presets"),
     path("resource-groups/", api.ResourceGroupListApi.as_view(), name="api-resource-groups"),
     path("agents/", api.AgentListApi.as_view(), name="api-agents"),
 ]

@@ -55,6 +55,15 @@ def _no_passes(monkeypatch):
     monkeypatch.setattr(tasks, "request_pass", lambda resource_group_id: None)
 
 
+@pytest.fixture(autouse=True)
+def _gateways_listened_all_along(monkeypatch):
+    # The sweep declares an agent lost only when the gateways listened for the
+    # whole timeout (a manager restart is not the agents' silence).
+    monkeypatch.setattr(
+        reconcile, "gateway_listening_since", lambda: timezone.now() - timedelta(days=1)
+    )
+
+
 def _running_clusters(owner, image, lost: Agent, alive: Agent) -> list[Session]:
     """Clusters of two with main1 on the agent that will be lost and sub1 on
     one that stays, every kernel running (as the agents reported)."""

@@ -136,7 +136,9 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     image = serializers.CharField(source="image.reference")
     resource_group = serializers.CharField(source="resource_group.name")
     type = serializers.CharField(source="session_type")
+    # main1's resources; ``total_resources`` is the sum over the real kernels.
     resources = serializers.JSONField(source="requested_slots")
+    total_resources = serializers.SerializerMethodField()
     env = serializers.JSONField(source="environ")
     mounts = serializers.SerializerMethodField()
     depends_on = serializers.SerializerMethodField()
@@ -159,6 +161,7 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "cluster_mode",
             "cluster_size",
             "resources",
+            "total_resources",
             "image",
             "resource_group",
             "template",
@@ -181,6 +184,9 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "seconds_left",
             "kernels",
         ]
+
+    def get_total_resources(self, obj: Session) -> dict[str, str]:
+        return obj.total_slots()
 
     def get_mounts(self, obj: Session) -> list[str]:
         return [f.name for f in obj.mounts.all()]

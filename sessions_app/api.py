@@ -363,7 +363,7 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
     template = SessionTemplate.objects.filter(pk=template_id).first()
     if template is None:
         raise NotFound("No such template.")
-    if template.owner_id == request.user.pk or request.user.is_staff:
+    if selectors.template_can_change(user=request.user, template=template):
         return template
     if template.is_shared or template.owner_id is None:
         raise ApplicationError("This shared template belongs to the admins; you may only use it.")
@@ -372,11 +372,7 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
 
 def _visible_template(request: Request, template_id: int) -> SessionTemplate:
     """Templates one may read: own and shared ones; admins any (they may change any)."""
-    qs = selectors.templates_for_user(user=request.user, include_all=True)
-    template = qs.filter(pk=template_id).select_related("owner").first()
-    if template is None:
-        raise NotFound("No such template.")
-    return template
+    return selectors.get_template_for_user(user=request.user, template_id=template_id)
 
 
 class TemplateListCreateApi(APIView):

@@ -138,7 +138,9 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     image = serializers.CharField(source="image.reference")
     resource_group = serializers.CharField(source="resource_group.name")
     type = serializers.CharField(source="session_type")
+    # main1's resources; ``total_resources`` is the sum over the real kernels.
     resources = serializers.JSONField(source="requested_slots")
+    total_resources = serializers.SerializerMethodField()
     env = serializers.JSONField(source="environ")
     mounts = serializers.SerializerMethodField()
     depends_on = serializers.SerializerMethodField()
@@ -161,6 +163,7 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "cluster_mode",
             "cluster_size",
             "resources",
+            "total_resources",
             "image",
             "resource_group",
             "template",
@@ -183,6 +186,9 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "seconds_left",
             "kernels",
         ]
+
+    def get_total_resources(self, obj: Session) -> dict[str, str]:
+        return obj.total_slots()
 
     def get_mounts(self, obj: Session) -> list[str]:
         return [f.name for f in obj.mounts.all()]
@@ -458,7 +464,7 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
     template = SessionTemplate.objects.filter(pk=template_id).first()
     if template is None:
         raise NotFound("No such template.")
-    if template.owner_id == request.user.pk or request.user.is_staff:
+    if selectors.template_can_change(user=request.user, template=template):
         return template
     if template.is_shared or template.owner_id is None:
         raise ApplicationError("This shared template belongs to the admins; you may only use it.")
@@ -467,11 +473,7 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
 
 def _visible_template(request: Request, template_id: int) -> SessionTemplate:
     """Templates one may read: own and shared ones; admins any (they may change any)."""
-    qs = selectors.templates_for_user(user=request.user, include_all=True)
-    template = qs.filter(pk=template_id).select_related("owner").first()
-    if template is None:
-        raise NotFound("No such template.")
-    return template
+    return selectors.get_template_for_user(user=request.user, template_id=template_id)
 
 
 class TemplateListCreateApi(APIView):

@@ -22,6 +22,8 @@ from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from bai_common.units import format_decimal
+
 logger = logging.getLogger(__name__)
 
 
@@ -615,14 +617,16 @@ class Session(_Transitions):
         return str(self.id)[:8]
 
     def total_slots(self) -> dict[str, str]:
-        """All kernels' requested slots together (exact decimal strings)."""
+        """All kernels' requested slots together (exact decimal strings): the
+        truth of what the session holds, since main1 and the sub kernels may
+        differ (per-role templates), so never ``requested_slots`` × size."""
         from decimal import Decimal
 
         total: dict[str, Decimal] = {}
         for kernel in self.kernels.all():
             for slot, value in kernel.requested_slots.items():
                 total[slot] = total.get(slot, Decimal(0)) + Decimal(value)
-        return {k: str(v) for k, v in total.items()}
+        return {k: format_decimal(v) for k, v in total.items()}
 
 
 class KernelRole(models.TextChoices):

@@ -104,6 +104,24 @@ def templates_for_user(
     return SessionTemplate.objects.filter(Q(owner=user) | Q(is_shared=True) | Q(owner__isnull=True))
 
 
+def get_template_for_user(*, user: AbstractBaseUser, template_id: object) -> SessionTemplate:
+    """A template the user may read (own and shared ones; admins any), else NotFound."""
+    try:
+        pk = int(str(template_id))
+    except ValueError:
+        pk = None
+    qs = templates_for_user(user=user, include_all=True).select_related("owner")
+    template = qs.filter(pk=pk).first() if pk is not None else None
+    if template is None:
+        raise NotFound("No such template.")
+    return template
+
+
+def template_can_change(*, user: AbstractBaseUser, template: SessionTemplate) -> bool:
+    """Own templates; admins also every other, shared ones included."""
+    return template.owner_id == user.pk or bool(user.is_staff)
+
+
 def images_for_user(*, user: AbstractBaseUser) -> QuerySet[Image]:
     return Image.objects.filter(is_active=True).prefetch_related("allowed_groups")
 

@@ -22,6 +22,7 @@ import jsonschema
 import yaml
 
 from .errors import InvalidInput
+from .slots import SlotError, parse_slot_value
 from .specs import ROLE_PROPERTIES, SPEC_PROPERTIES, SPEC_SCHEMA, error_message
 
 DOCUMENT_SCHEMA: dict[str, Any] = {
@@ -66,18 +67,40 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
 
 
 def validate_template_spec(spec: Any) -> dict[str, Any]:
-    """Refuse a spec that does not follow the schema, naming the field."""
+    """Refuse a spec that does not follow the schema, or whose resource amounts
+    do not read as amounts (``mem: 2 gigs``), naming the field."""
     errors = sorted(
         jsonschema.Draft202012Validator(SPEC_SCHEMA).iter_errors(spec), key=lambda e: e.path
     )
-    if errors:
-        fields: dict[str, list[str]] = {}
-        for error in errors:
-            name, message = _describe(error)
-            fields.setdefault(f"spec.{name}", []).append(message)
+    fields: dict[str, list[str]] = {}
+    for error in errors:
+        name, message = _describe(error)
+        fields.setdefault(f"spec.{name}", []).append(message)
+    if not fields:
+        fields = _amount_errors(spec)
+    if fields:
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
     return spec
+
+
+def _amount_errors(spec: dict[str, Any]) -> dict[str, list[str]]:
+    """Amounts are read as the launch reads them, so a template that saves does
+    not fail only when launched. Slot names stay free: which slots exist is the
+    launching installation's to say."""
+    roles = spec.get("roles") or {}
+    places = [("spec.resources", spec.get("resources"))] + [
+        (f"spec.roles.{role}.resources", (roles.get(role) or {}).get("resources"))
+        for role in ("main", "sub")
+    ]
+    fields: dict[str, list[str]] = {}
+    for field, slots in places:
+        for slot, value in (slots or {}).items():
+            try:
+                parse_slot_value(slot, value)
+            except SlotError as exc:
+                fields.setdefault(field, []).append(f"{slot}: {exc.message}")
+    return fields
 
 
 # --- import -----------------------------------------------------------------

@@ -3,6 +3,7 @@ module through ``json_script`` and live updates through the websockets."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -13,10 +14,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from bai_common import units
+
 from . import selectors, tokens
-from .api import SessionDetailSerializer
+from .api import SessionDetailSerializer, TemplateSerializer
 from .errors import NotFound
-from .models import Session
+from .models import Session, SessionTemplate
+from .slots import SlotError, parse_slot_value
 
 MAX_ROWS = 200
 
@@ -52,7 +56,12 @@ def _list_page(request: HttpRequest, *, open_launch: bool) -> HttpResponse:
         "sessions/list.html",
         {
             "rows": [session_row(s) for s in sessions],
-            "page": {"openLaunch": open_launch, "showAll": show_all, "user": request.user.username},
+            "page": {
+                "openLaunch": open_launch,
+                "showAll": show_all,
+                "user": request.user.username,
+                "template": _int_or_none(request.GET.get("template")) if open_launch else None,
+            },
             "show_all": show_all,
         },
     )
@@ -65,8 +74,13 @@ def session_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def session_new(request: HttpRequest) -> HttpResponse:
-    """The list with the launch dialog open (a link anyone can bookmark)."""
+    """The list with the launch dialog open (a link anyone can bookmark);
+    ``?template=<id>`` opens it filled from that template."""
     return _list_page(request, open_launch=True)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value and value.isdecimal() and len(value) < 10 else None
 
 
 def _session_or_404(request: HttpRequest, session_id: str) -> Session:
@@ -97,6 +111,135 @@ def session_terminal(request: HttpRequest, session_id: str) -> HttpResponse:
             "data": {"id": str(session.pk), "name": session.name, "status": session.status},
         },
     )
+
+
+# --- templates ---------------------------------------------------------------
+
+
+def slots_text(slots: Mapping[str, Any]) -> str:
+    """``2 CPU · 4 GiB · 1 GPU``, as the pages' JS writes slots (``fmtSlots``)."""
+    parts = []
+    for slot in sorted(slots, key=lambda k: (k != "cpu", k != "mem", k)):
+        raw = slots[slot]
+        try:
+            value = parse_slot_value(slot, raw)
+        except SlotError:
+            parts.append(f"{raw} {slot}")
+            continue
+        if slot == "mem":
+            parts.append(units.format_size(value))
+        elif value or slot == "cpu":
+            name = {"cpu": "CPU", "cuda.device": "GPU"}.get(slot, slot)
+            parts.append(f"{units.format_decimal(value)} {name}")
+    return " · ".join(parts)
+
+
+def _hosts(count: int) -> str:
+    return "sub1" if count == 1 else f"sub1–sub{count}"
+
+
+def template_row(template: SessionTemplate, *, user: Any) -> dict[str, Any]:
+    """What the templates table shows of one template: each role's image and
+    resources per container as a launch from it would create them."""
+    spec = template.spec if isinstance(template.spec, dict) else {}
+    roles = spec.get("roles") or {}
+    main, sub = roles.get("main") or {}, roles.get("sub") or {}
+    size = spec.get("cluster_size") or 1 + int(sub.get("replicas") or 0)
+    common = spec.get("resources") or {}
+    per_role = [("main1", main.get("image"), {**common, **(main.get("resources") or {})})]
+    if size > 1:
+        per_role.append(
+            (_hosts(size - 1), sub.get("image"), {**common, **(sub.get("resources") or {})})
+        )
+    uneven = len({repr(r[2]) for r in per_role}) > 1
+    images = [(who, image) for who, image, _ in per_role if image]
+    return {
+        "id": template.pk,
+        "name": template.name,
+        "description": template.description,
+        "type": spec.get("type") or "interactive",
+        "image": spec.get("image") or "",
+        "role_images": images,
+        "cluster_mode": spec.get("cluster_mode") or "single-node",
+        "cluster_size": size,
+        "resources": (
+            [(who, slots_text(slots)) for who, _, slots in per_role]
+            if uneven
+            else [("", slots_text(per_role[0][2]))]
+        ),
+        "shared": template.is_shared or template.owner_id is None,
+        "owner": template.owner.username if template.owner_id else "",
+        "mine": template.owner_id == user.pk,
+        "can_change": selectors.template_can_change(user=user, template=template),
+        "updated_at": template.updated_at,
+    }
+
+
+@login_required
+def template_list(request: HttpRequest) -> HttpResponse:
+    """The user's own templates and the shared ones; ``?saved=<id>`` or
+    ``?imported=<id>`` names the one just written."""
+    templates = selectors.templates_for_user(user=request.user).select_related("owner")
+    rows = [template_row(t, user=request.user) for t in templates[:MAX_ROWS]]
+    done = None
+    for word in ("saved", "imported"):
+        pk = _int_or_none(request.GET.get(word))
+        hit = next((r for r in rows if r["id"] == pk), None)
+        if hit is not None:
+            done = {"id": pk, "verb": word.capitalize(), "name": hit["name"]}
+    return render(request, "session_templates/list.html", {"rows": rows, "done": done})
+
+
+def _template_form(
+    request: HttpRequest, *, template: dict[str, Any] | None, copy_of: str = ""
+) -> HttpResponse:
+    data = {
+        "template": template,
+        "copyOf": copy_of,
+        "canShare": request.user.is_staff,
+        "images": [
+            {"reference": i.reference, "name": i.display_name}
+            for i in selectors.images_for_user(user=request.user)
+        ],
+        "groups": [g.name for g in selectors.resource_groups_for_user(user=request.user)],
+        "folders": [f.name for f in selectors.folders_for_user(user=request.user)],
+    }
+    return render(
+        request,
+        "session_templates/form.html",
+        {"template": template, "copy_of": copy_of, "data": data},
+    )
+
+
+def _template_or_404(request: HttpRequest, template_id: object) -> SessionTemplate:
+    try:
+        return selectors.get_template_for_user(user=request.user, template_id=template_id)
+    except NotFound:
+        raise Http404("No such template.") from None
+
+
+@login_required
+def template_new(request: HttpRequest) -> HttpResponse:
+    """A new template, from scratch or (``?from=<id>``) a copy of one the user may read."""
+    source = request.GET.get("from")
+    if not source:
+        return _template_form(request, template=None)
+    original = _template_or_404(request, source)
+    copy = {
+        "name": f"{original.name}-copy"[:64],
+        "description": original.description,
+        "spec": original.spec,
+    }
+    return _template_form(request, template=copy, copy_of=original.name)
+
+
+@login_required
+def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
+    template = _template_or_404(request, template_id)
+    if not selectors.template_can_change(user=request.user, template=template):
+        # A shared template is the admins' to change: offer the user a copy of it.
+        return redirect(f"{reverse('template-new')}?from={template.pk}")
+    return _template_form(request, template=TemplateSerializer(template).data)
 
 
 def _duration(seconds: int) -> str:

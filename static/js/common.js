@@ -109,6 +109,32 @@ export function fmtMem(bytes) {
   return `${n} B`;
 }
 
+const SIZE_UNITS = { "": 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40, p: 2 ** 50 };
+
+/** Bytes from a size as the server reads it (bai_common.units.parse_size): 1024, "512m", "1.5GiB"; else null. */
+export function parseSize(value) {
+  if (value === undefined || value === null || value === "") return null;
+  if (typeof value === "number") return Number.isFinite(value) && value >= 0 ? Math.round(value) : null;
+  const m = String(value).trim().match(/^(\d+(?:\.\d+)?)\s*(?:([kmgtp])(?:i?b)?|b)?$/i);
+  if (!m) return null;
+  return Math.round(Number(m[1]) * SIZE_UNITS[(m[2] || "").toLowerCase()]);
+}
+
+/** The shortest exact text for a size in bytes: 2147483648 → "2g", 805306368 → "768m". */
+export function sizeText(bytes) {
+  for (const unit of ["p", "t", "g", "m", "k"]) {
+    if (bytes >= SIZE_UNITS[unit] && bytes % SIZE_UNITS[unit] === 0) return `${bytes / SIZE_UNITS[unit]}${unit}`;
+  }
+  return String(bytes);
+}
+
+/** Slots added up: a + b × n (missing slots count as 0). */
+export function addSlots(a, b, n = 1) {
+  const out = { ...a };
+  for (const [k, v] of Object.entries(b || {})) out[k] = +((Number(out[k]) || 0) + Number(v) * n).toFixed(6);
+  return out;
+}
+
 export function fmtSlots(slots) {
   if (!slots) return "";
   const parts = [];

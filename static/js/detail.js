@@ -12,10 +12,21 @@ function kernelsForLogs() {
   return { ...session, kernels: session.kernels.map((k) => ({ hostname: k.cluster_hostname, status: k.status })) };
 }
 
-function total(slots, n) {
-  const out = {};
-  for (const [k, v] of Object.entries(slots || {})) out[k] = String(Number(v) * n);
-  return out;
+/** Per container as the kernels hold it: one line when all are alike, else
+ * main1's and the subs' (a template's roles may give them their own). */
+function perContainer(s) {
+  const subs = s.kernels.filter((k) => k.cluster_role === "sub");
+  const main = s.kernels.find((k) => k.cluster_role === "main");
+  const mainText = fmtSlots(main ? main.requested_slots : s.resources);
+  const subTexts = [...new Set(subs.map((k) => fmtSlots(k.requested_slots)))];
+  if (!subs.length || (subTexts.length === 1 && subTexts[0] === mainText)) {
+    return [el("span", { "data-role": "per-container" }, `${mainText} per container`)];
+  }
+  const hosts = subs.length === 1 ? "sub1" : `sub1–sub${subs.length}`;
+  return [
+    el("span.role-line", { "data-role": "main" }, el("span.role", {}, "main1"), " ", mainText),
+    el("span.role-line", { "data-role": "sub" }, el("span.role", {}, hosts), " ", subTexts.join(" / "), subs.length > 1 ? " each" : ""),
+  ];
 }
 
 function countdown(iso, label) {
@@ -59,7 +70,7 @@ function render() {
   fact(facts, "Image", el("span.mono", {}, s.image));
   fact(facts, "Resource group", s.resource_group);
   fact(facts, "Cluster", `${MODE_LABEL[s.cluster_mode] || s.cluster_mode} · ${s.cluster_size} container${s.cluster_size === 1 ? "" : "s"}`);
-  fact(facts, "Resources", `${fmtSlots(s.resources)} per container`, s.cluster_size > 1 ? el("span.sub", {}, `${fmtSlots(total(s.resources, s.cluster_size))} in total`) : null);
+  fact(facts, "Resources", ...perContainer(s), s.kernels.length > 1 ? el("span.sub", { id: "d-total" }, `${fmtSlots(s.total_resources)} in total`) : null);
   fact(facts, "Data folders", s.mounts && s.mounts.length ? s.mounts.map((m) => `/home/work/${m}`).join(", ") : el("span.muted", {}, "none"));
   const envKeys = Object.keys(s.env || {});
   fact(facts, "Environment", envKeys.length ? el("span.mono", {}, envKeys.join(", ")) : el("span.muted", {}, "none"));

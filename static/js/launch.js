@@ -3,10 +3,15 @@
 // fields. After launch it shows the start step by step, driven by the
 // sessions websocket (the list page passes every push to onSessionChange).
 //
+// With a template whose roles give main1 or the sub kernels their own image or
+// resources, the dialog lists the roles, and its total adds up the kernels as
+// the launch will create them (main1 + sub × replicas). "Save as template"
+// stores the dialog's current spec through /api/v1/templates/.
+//
 // Test hooks: window.launchReady (catalogue loaded), window.launchState
-// {id, status, reason} of the session just launched.
+// {id, status, reason} of the session just launched, window.savedTemplate.
 
-import { api, el, fmtMem, isEnded, wireDialog } from "./common.js";
+import { addSlots, api, el, fmtSlots, isEnded, parseSize, sizeText, wireDialog } from "./common.js";
 
 const STEPS = ["PENDING", "SCHEDULED", "PREPARING", "PULLING", "RUNNING"];
 let dialog, form, opts;
@@ -18,12 +23,8 @@ const seen = new Map(); // session id -> pushes that arrived before the POST ans
 const $ = (id) => document.getElementById(id);
 
 function parseMemGiB(value) {
-  if (value === undefined || value === null || value === "") return null;
-  if (typeof value === "number") return value / 2 ** 30;
-  const m = String(value).trim().match(/^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$/i);
-  if (!m) return null;
-  const unit = { "": 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40 }[m[2].toLowerCase()];
-  return (Number(m[1]) * unit) / 2 ** 30;
+  const bytes = parseSize(value);
+  return bytes === null ? null : bytes / 2 ** 30;
 }
 
 function radioValue(name) {
@@ -46,19 +47,56 @@ function envRow(key = "", value = "") {
   return row;
 }
 
+function selectedTemplate() {
+  return templates.find((t) => String(t.id) === $("f-template").value) || null;
+}
+
+/**
+ * The kernels as the launch will create them: the dialog's resources are the
+ * common ones (over the template's), and a template role's resources override
+ * them slot by slot, for main1 and for each of the size − 1 sub kernels.
+ */
+function rolePlan(size) {
+  const spec = (selectedTemplate() || {}).spec || {};
+  const common = {};
+  for (const [k, v] of Object.entries(spec.resources || {})) common[k] = k === "mem" ? parseSize(v) : Number(v);
+  common.cpu = Number($("f-cpu").value) || 0;
+  common.mem = Math.round((Number($("f-mem").value) || 0) * 2 ** 30);
+  common["cuda.device"] = Number($("f-gpu").value) || 0;
+  const roles = spec.roles || {};
+  const role = (r) => {
+    const slots = { ...common };
+    for (const [k, v] of Object.entries((r && r.resources) || {})) slots[k] = k === "mem" ? parseSize(v) : Number(v);
+    return { image: (r && r.image) || $("f-image").value, slots };
+  };
+  return { main: role(roles.main), sub: role(roles.sub), subs: size - 1, roles: Boolean(roles.main || roles.sub) };
+}
+
+function renderRoles(plan) {
+  const box = $("launch-roles");
+  box.hidden = !plan.roles;
+  if (!plan.roles) return;
+  const subs = plan.subs === 1 ? "sub1" : `sub1–sub${plan.subs}`;
+  const rows = [["main1", plan.main, ""]];
+  if (plan.subs > 0) rows.push([subs, plan.sub, plan.subs > 1 ? " each" : ""]);
+  $("launch-roles-body").replaceChildren(...rows.map(([host, r, each]) =>
+    el("tr", { "data-role": host === "main1" ? "main" : "sub" },
+      el("td", {}, el("b.mono", {}, host)),
+      el("td", {}, el("span.mono", {}, r.image || "—")),
+      el("td", {}, fmtSlots(r.slots), each))));
+}
+
 function updateTotal() {
   const size = Math.max(1, parseInt($("f-size").value, 10) || 1);
-  const cpu = Number($("f-cpu").value) || 0;
-  const mem = Number($("f-mem").value) || 0;
-  const gpu = Number($("f-gpu").value) || 0;
-  const per = [`${cpu} CPU`, `${fmtMem(mem * 2 ** 30)}`];
-  if (gpu) per.push(`${gpu} GPU`);
-  const total = [`${+(cpu * size).toFixed(2)} CPU`, fmtMem(mem * size * 2 ** 30)];
-  if (gpu) total.push(`${gpu * size} GPU`);
+  const plan = rolePlan(size);
+  const total = el("b", { id: "launch-total-value" }, fmtSlots(addSlots(plan.main.slots, plan.sub.slots, plan.subs)));
   const node = $("launch-total");
-  node.replaceChildren(
-    "Total: ", el("b", {}, `${size} container${size === 1 ? "" : "s"}`), " × ", per.join(" · "), " = ", el("b", { id: "launch-total-value" }, total.join(" · ")),
-  );
+  if (plan.roles && fmtSlots(plan.main.slots) !== fmtSlots(plan.sub.slots) && plan.subs > 0) {
+    node.replaceChildren("Total: ", el("b", {}, "main1"), " ", fmtSlots(plan.main.slots), " + ", el("b", {}, `${plan.subs} sub${plan.subs === 1 ? "" : "s"}`), " × ", fmtSlots(plan.sub.slots), " = ", total);
+  } else {
+    node.replaceChildren("Total: ", el("b", {}, `${size} container${size === 1 ? "" : "s"}`), " × ", fmtSlots(plan.main.slots), " = ", total);
+  }
+  renderRoles(plan);
   $("startup-field").hidden = radioValue("type") !== "batch";
 }
 
@@ -154,7 +192,8 @@ function spec() {
   };
   if (Number.isNaN(s.cluster_size)) s.cluster_size = $("f-size").value;
   const gpu = Number($("f-gpu").value) || 0;
-  if (gpu) s.resources["cuda.device"] = String(gpu);
+  const tplGpu = ((selectedTemplate() || {}).spec || {}).resources;
+  if (gpu || (tplGpu && tplGpu["cuda.device"] !== undefined)) s.resources["cuda.device"] = String(gpu);
   const name = $("f-name").value.trim();
   if (name) s.name = name;
   if ($("f-template").value) s.template = Number($("f-template").value);
@@ -181,6 +220,50 @@ async function submit(event) {
   } finally {
     button.disabled = false;
     button.textContent = "Launch";
+  }
+}
+
+// --- save as template ------------------------------------------------------------
+
+/** The dialog's spec as a template: what the launch would use (the selected template's
+ * fields under the dialog's), without the session's own name and dependencies. */
+function templateSpec() {
+  const base = structuredClone((selectedTemplate() || {}).spec || {});
+  const s = { ...base, ...spec() };
+  s.resources = { ...(base.resources || {}), ...s.resources, mem: sizeText(Number(s.resources.mem)) };
+  for (const key of ["name", "template", "depends_on"]) delete s[key];
+  if (!Object.keys(s.env).length) delete s.env;
+  if (!s.mounts.length) delete s.mounts;
+  return s;
+}
+
+function toggleSaveTemplate(open) {
+  $("save-tpl").hidden = !open;
+  $("save-tpl-status").replaceChildren();
+  $("save-tpl-status").className = "";
+  if (open) $("save-tpl-name").focus();
+}
+
+async function saveAsTemplate() {
+  clearErrors();
+  const status = $("save-tpl-status");
+  const button = $("save-tpl-submit");
+  button.disabled = true;
+  try {
+    const saved = await api("templates/", { method: "POST", body: { name: $("save-tpl-name").value.trim(), spec: templateSpec() } });
+    templates.push(saved);
+    $("f-template").append(el("option", { value: saved.id }, saved.name));
+    window.savedTemplate = saved;
+    status.className = "save-ok";
+    status.replaceChildren(`Saved as template “${saved.name}”. `, el("a", { href: "/templates/" }, "Manage templates"));
+  } catch (err) {
+    const own = Object.entries(err.fields || {}).filter(([k]) => !k.startsWith("spec."));
+    const specFields = Object.fromEntries(Object.entries(err.fields || {}).filter(([k]) => k.startsWith("spec.")).map(([k, v]) => [k.slice(5), v]));
+    status.className = "save-error";
+    status.textContent = own.length ? own.map(([, v]) => v.join(" ")).join(" ") : err.message;
+    if (Object.keys(specFields).length) showErrors({ message: err.message, fields: specFields });
+  } finally {
+    button.disabled = false;
   }
 }
 
@@ -256,10 +339,18 @@ export function initLaunch(options) {
     const t = templates.find((x) => String(x.id) === e.target.value);
     if (t) applyTemplate(t);
   });
+  $("save-tpl-open").addEventListener("click", () => toggleSaveTemplate($("save-tpl").hidden));
+  $("save-tpl-cancel").addEventListener("click", () => toggleSaveTemplate(false));
+  $("save-tpl-submit").addEventListener("click", saveAsTemplate);
+  $("save-tpl-name").addEventListener("keydown", (e) => {
+    if (e.key === "Enter") { e.preventDefault(); saveAsTemplate(); }
+  });
 }
 
-export async function openLaunch() {
+/** Open the dialog; ``{template: id}`` fills it from that template (``/sessions/new/?template=<id>``). */
+export async function openLaunch({ template } = {}) {
   form.hidden = false;
+  toggleSaveTemplate(false);
   $("launch-progress").hidden = true;
   clearErrors();
   launched = null;
@@ -272,6 +363,16 @@ export async function openLaunch() {
       await loadCatalogue();
     } catch (err) {
       $("launch-error").textContent = `Could not load images and groups: ${err.message}`;
+      $("launch-error").hidden = false;
+    }
+  }
+  if (template) {
+    const t = templates.find((x) => x.id === template);
+    if (t) {
+      $("f-template").value = String(t.id);
+      applyTemplate(t);
+    } else if (loaded) {
+      $("launch-error").textContent = `No template with id ${template}: it may have been deleted.`;
       $("launch-error").hidden = false;
     }
   }

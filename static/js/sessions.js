@@ -152,4 +152,4 @@ initLaunch({
 });
 render();
 followSessions(onChange);
-if (page.openLaunch) openLaunch();
+if (page.openLaunch) openLaunch({ template: page.template });

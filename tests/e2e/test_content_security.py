@@ -96,6 +96,8 @@ def test_every_page_renders_under_the_policy_from_its_own_host_only(
     session = waiting_session.pk
     visit(f"/sessions/{session}/", "session-detail", "() => window.detailState !== undefined")
     visit(f"/sessions/{session}/terminal/", "terminal", "() => window.termState !== undefined")
+    visit("/templates/", "templates", "() => window.templatesReady === true")
+    visit("/templates/new/", "template-form", "() => window.formReady === true")
     visit("/profile/", "profile")
     page.click("#token-create")
     page.wait_for_selector("#new-token")

@@ -144,6 +144,32 @@ def test_a_shared_template_is_usable_by_everyone_but_changed_only_by_admins(api,
     assert SessionTemplate.objects.get(pk=pk).name == "starter"
 
 
+def test_a_role_templates_session_totals_what_its_kernels_hold_not_main1_times_the_size(
+    as_alice, agent
+):
+    # main1 asks 512 MiB, each of the two subs 256 MiB: 1 GiB in all. Main1's
+    # share times the cluster size (1.5 GiB) and the common resources times the
+    # size (768 MiB) are both wrong.
+    spec = {
+        "image": "bai-kernel/minimal:1",
+        "resources": {"cpu": "0.25", "mem": "256m"},
+        "roles": {"main": {"resources": {"mem": "512m"}}, "sub": {"replicas": 2}},
+    }
+    pk = as_alice.post(TEMPLATES, {"name": "uneven", "spec": spec}, format="json").json()["id"]
+    session = launch(as_alice, template=pk, name="uneven-1")
+
+    detail = as_alice.get(f"{SESSIONS}{session.pk}/").json()
+    assert [k["requested_slots"]["mem"] for k in detail["kernels"]] == [
+        str(512 * 2**20),
+        str(256 * 2**20),
+        str(256 * 2**20),
+    ]
+    assert detail["resources"] == {"cpu": "0.25", "mem": str(512 * 2**20)}
+    assert detail["total_resources"] == {"cpu": "0.75", "mem": str(GIB)}
+    (listed,) = as_alice.get(SESSIONS).json()
+    assert listed["total_resources"] == {"cpu": "0.75", "mem": str(GIB)}
+
+
 # --- export and import ----------------------------------------------------------------------
 
 

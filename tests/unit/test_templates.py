@@ -199,6 +199,26 @@ def test_a_spec_is_validated_naming_the_field():
     assert error.value.fields == {"spec.envv": ["unknown field 'envv' (did you mean 'env'?)"]}
 
 
+def test_a_spec_whose_amounts_do_not_read_is_refused_naming_the_roles_resources():
+    spec = {
+        "resources": {"cpu": "1", "mem": "2g"},
+        "roles": {"sub": {"resources": {"mem": "2 gigs", "cpu": "-1"}}},
+    }
+    with pytest.raises(InvalidInput) as error:
+        validate_template_spec(spec)
+    assert error.value.fields == {
+        "spec.roles.sub.resources": [
+            "mem: '2 gigs' is not a size (use bytes or a binary unit, e.g. 512m, 4g, 1.5GiB)",
+            "cpu: must not be negative (got '-1')",
+        ]
+    }
+
+
+def test_a_spec_with_a_slot_this_installation_lacks_is_kept_for_the_launch_to_judge():
+    spec = {"resources": {"cpu": 2, "mem": "4g", "tpu.device": "1"}}
+    assert validate_template_spec(spec) == spec
+
+
 # --- round trips -------------------------------------------------------------------------------
 
 TRICKY = {

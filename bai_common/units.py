@@ -163,6 +163,15 @@ def format_size(size: int | Decimal) -> str:
     if value < 0:
         return f"-{format_size(-value)}"
     if value >= _SIZE_LABELS[-1][1]:
+        if value == value.to_integral_value():
+            # Whole bytes (the usual case, and a hot one in the scheduler's reasons):
+            # exact integer arithmetic, no Fraction.
+            whole = int(value)
+            for label, unit in _SIZE_LABELS:
+                if whole >= unit and whole * 100 % unit == 0:
+                    shown = Decimal(whole * 100 // unit).scaleb(-2)
+                    return f"{format_decimal(shown)} {label}"
+            return f"{format_decimal(value)} B"
         exact = Fraction(value)
         for label, unit in _SIZE_LABELS:
             if exact >= unit:

@@ -957,35 +957,47 @@ class _Pass:
 
     def check_quota(self, session: PendingSession, request: _Request, quota: Quota) -> Wait | None:
         """The quota rules of ``sessions_app.policy``, against what the owner holds
-        now plus what this pass already placed for them."""
+        now plus what this pass already placed for them.
+
+        This runs for every pending session of every pass, so each rule is asked
+        only when a cheap integer test says it may refuse; the rule decides and
+        words the refusal.
+        """
         sid = session.session_id
-        refusal = containers_refusal(len(session.kernels), quota.max_containers_per_session)
-        if refusal is not None:
-            return Wait(sid, refusal, False)
+        limit = quota.max_containers_per_session
+        if limit is not None and len(session.kernels) > limit:
+            refusal = containers_refusal(len(session.kernels), limit)
+            if refusal is not None:
+                return Wait(sid, refusal, False)
         owner = self.owner(session.owner_id)
         if session.session_type == SYSTEM_SESSION_TYPE:
-            refusal = concurrent_refusal(
-                owner.active_system, quota.max_concurrent_system_sessions, system=True
-            )
+            limit = quota.max_concurrent_system_sessions
+            if limit is None or owner.active_system < limit:
+                return None
+            refusal = concurrent_refusal(owner.active_system, limit, system=True)
             return None if refusal is None else Wait(sid, refusal, False)
-        refusal = concurrent_refusal(owner.active, quota.max_concurrent_sessions)
-        if refusal is not None:
-            return Wait(sid, refusal, False)
+        limit = quota.max_concurrent_sessions
+        if limit is not None and owner.active >= limit:
+            refusal = concurrent_refusal(owner.active, limit)
+            if refusal is not None:
+                return Wait(sid, refusal, False)
         if quota.total_slots is not None:
             allowed = self.quota_totals.get(id(quota))
             if allowed is None:
                 allowed = self.vectors[quota.total_slots]
                 self.quota_totals[id(quota)] = allowed
+            occupied = owner.occupied
             for j, wanted in enumerate(request.block):
-                refusal = total_slots_refusal(
-                    slot=self.names[j],
-                    held=owner.occupied[j],
-                    wanted=wanted,
-                    allowed=allowed[j],
-                    amount=partial(self.amount, j),
-                )
-                if refusal is not None:
-                    return Wait(sid, refusal, False)
+                if wanted > 0 and occupied[j] + wanted > allowed[j]:
+                    refusal = total_slots_refusal(
+                        slot=self.names[j],
+                        held=occupied[j],
+                        wanted=wanted,
+                        allowed=allowed[j],
+                        amount=partial(self.amount, j),
+                    )
+                    if refusal is not None:
+                        return Wait(sid, refusal, False)
         return None
 
     def commit(self, session: PendingSession, request: _Request) -> None:

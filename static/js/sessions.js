@@ -101,8 +101,9 @@ function upsert(s) {
 }
 
 const fetching = new Set();
+const refetch = new Set(); // a push came while its fetch was in flight: that answer may be older
 async function fetchOne(id) {
-  if (fetching.has(id)) return;
+  if (fetching.has(id)) { refetch.add(id); return; }
   fetching.add(id);
   try {
     upsert(toRow(await api(`sessions/${id}/`)));
@@ -110,6 +111,7 @@ async function fetchOne(id) {
     /* not ours (admin view of all) or gone: ignore */
   } finally {
     fetching.delete(id);
+    if (refetch.delete(id)) fetchOne(id);
   }
 }
 
@@ -148,7 +150,9 @@ setInterval(() => document.querySelectorAll("[data-age]").forEach((td) => { td.t
 
 initLaunch({
   sessions: () => [...sessions.values()],
-  onCreated: (detail) => upsert(toRow(detail)),
+  // The creation response is the oldest state there is: a push about this session
+  // may have arrived first and fetched a newer one, which it must not overwrite.
+  onCreated: (detail) => (sessions.has(detail.id) ? flash(detail.id) : upsert(toRow(detail))),
 });
 render();
 followSessions(onChange);

@@ -8,8 +8,6 @@ Screenshots go to test-artifacts/e2e/<test>/<step>.png.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -43,23 +41,12 @@ def waiting_session(root, image):
 
 
 def test_every_page_renders_under_the_policy_from_its_own_host_only(
-    root, waiting_session, live_server_url, browser, shot
+    root, waiting_session, live_server_url, browser, own_origin_guard, shot
 ):
     # The database is set up before the browser starts: Playwright's loop makes this thread async.
-    own = urlsplit(live_server_url).netloc
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     context.add_init_script(WATCH_VIOLATIONS)
-    foreign: list[str] = []
     console: list[str] = []
-    context.on(
-        "request",
-        lambda r: (
-            foreign.append(r.url)
-            if urlsplit(r.url).scheme in ("http", "https", "ws", "wss")
-            and urlsplit(r.url).netloc != own
-            else None
-        ),
-    )
     page = context.new_page()
     page.set_default_timeout(30_000)
     page.on("console", lambda m: console.append(m.text))
@@ -119,4 +106,4 @@ def test_every_page_renders_under_the_policy_from_its_own_host_only(
 
     assert violations == []
     assert [m for m in console if "Content Security Policy" in m or "page error" in m] == []
-    assert foreign == []
+    own_origin_guard.assert_clean()

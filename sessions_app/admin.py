@@ -10,6 +10,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import QuerySet
+from django.forms.utils import pretty_name
 from django.http import HttpRequest
 from django.utils.html import format_html
 from knox.models import AuthToken
@@ -146,6 +147,24 @@ class ResourcePolicyForm(forms.ModelForm):
         return _clean_slots(self.cleaned_data["total_resource_slots"])
 
 
+def _cells_named(form_class: Any) -> Any:
+    """A changelist form whose editable cells say what they are.
+
+    Django renders ``list_editable`` fields in table cells without a <label>:
+    a screen reader hears only "combo box". Each field is named after itself
+    and its row, e.g. "Session selection of default".
+    """
+
+    class Named(form_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name, field in self.fields.items():
+                label = field.label or pretty_name(name)
+                field.widget.attrs["aria-label"] = f"{label} of {self.instance}"
+
+    return Named
+
+
 @admin.register(ResourceGroup)
 class ResourceGroupAdmin(admin.ModelAdmin):
     form = ResourceGroupForm
@@ -179,7 +198,7 @@ class ResourceGroupAdmin(admin.ModelAdmin):
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         # The installed selectors' select, and the options check, in the list too.
         kwargs.setdefault("form", ResourceGroupForm)
-        return super().get_changelist_form(request, **kwargs)
+        return _cells_named(super().get_changelist_form(request, **kwargs))
 
 
 @admin.register(Agent)

@@ -102,7 +102,7 @@ const socket = liveSocket(
         setState("error", error.message);
         term.write(`\r\n\x1b[31m[${error.message}]\x1b[0m\r\n`);
         if (code === 4409) {
-          setState("", `${error.message} Retrying in ${Math.round(retryIn / 1000)} s…`);
+          setState("", `${error.message} Retrying in ${Math.max(1, Math.round(retryIn / 1000))} s…`);
           return;
         }
         reconnectBtn.hidden = code === 4410 || code === 4404;

@@ -327,3 +327,10 @@ def test_a_group_with_unknown_session_types_is_refused(client, admin, group, typ
     assert response.status_code == 200
     assert "A list of session types" in response.content.decode()
     assert not ResourceGroup.objects.filter(name="g2").exists()
+
+
+def test_the_editable_cells_of_the_group_list_name_their_field_and_row(client, admin, group):
+    client.force_login(admin)
+    page = client.get(reverse("admin:sessions_app_resourcegroup_changelist")).content.decode()
+    assert 'aria-label="Session selection of default"' in page
+    assert 'aria-label="Agent selection of default"' in page

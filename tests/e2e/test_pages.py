@@ -83,7 +83,13 @@ def test_a_user_launches_a_three_node_cluster_and_works_in_it(
     assert page.get_attribute('#logs-tabs button[data-host="sub2"]', "aria-selected") == "true"
     assert "following sub2 live" in page.text_content("#logs-state")
     shot(page, "logs-sub2")
-    page.click("#logs-modal [data-close]")
+    # The tabs are one stop for Tab; arrow keys move between them.
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("() => window.logsReady === true && window.logsState.kernel === 'sub1'")
+    assert page.evaluate("document.activeElement.dataset.host") == "sub1"
+    assert page.get_attribute('#logs-tabs button[data-host="sub2"]', "tabindex") == "-1"
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.getElementById('logs-modal').open")
 
     # The terminal: a shell in main1, and ssh to a sub kernel from there.
     page.goto(f"{live_server_url}/sessions/{session_id}/terminal/")

@@ -158,6 +158,12 @@ STATICFILES_DIRS = [
     # xterm.js and its fit addon come from npm (package.json), never committed.
     ("vendor/xterm", BASE_DIR / "node_modules" / "@xterm"),
 ]
+# axe-core (an npm devDependency) is what the e2e tests inject into every page
+# they visit to check its accessibility: served like xterm, from our own origin,
+# because the pages' CSP allows scripts from nowhere else. An install without
+# devDependencies simply does not serve it.
+if (BASE_DIR / "node_modules" / "axe-core").is_dir():
+    STATICFILES_DIRS.append(("vendor/axe-core", BASE_DIR / "node_modules" / "axe-core"))
 # whitenoise serves static files with DEBUG off too, straight from the finders
 # (static/, the apps', node_modules' xterm): a checkout needs no collectstatic.
 WHITENOISE_USE_FINDERS = True

@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db import models
 from django.db.models import QuerySet
+from django.forms.utils import pretty_name
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -162,6 +163,24 @@ class ResourcePresetForm(forms.ModelForm):
     resource_slots = SlotsField(label="Resources per container", required_slots=("cpu", "mem"))
 
 
+def _cells_named(form_class: Any) -> Any:
+    """A changelist form whose editable cells say what they are.
+
+    Django renders ``list_editable`` fields in table cells without a <label>:
+    a screen reader hears only "combo box". Each field is named after itself
+    and its row, e.g. "Session selection of default".
+    """
+
+    class Named(form_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name, field in self.fields.items():
+                label = field.label or pretty_name(name)
+                field.widget.attrs["aria-label"] = f"{label} of {self.instance}"
+
+    return Named
+
+
 @admin.register(ResourceGroup)
 class ResourceGroupAdmin(admin.ModelAdmin):
     form = ResourceGroupForm
@@ -196,7 +215,7 @@ class ResourceGroupAdmin(admin.ModelAdmin):
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         # The installed selectors' select, and the options check, in the list too.
         kwargs.setdefault("form", ResourceGroupForm)
-        return super().get_changelist_form(request, **kwargs)
+        return _cells_named(super().get_changelist_form(request, **kwargs))
 
 
 # The slots the agents list shows as bars, in this order.

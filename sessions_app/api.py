@@ -10,7 +10,12 @@ from django.contrib.auth import authenticate
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.renderers import JSONRenderer
@@ -133,6 +138,24 @@ class KernelOutputSerializer(serializers.ModelSerializer):
         ]
 
 
+class LimitsSerializer(serializers.Serializer):
+    """The time limits that apply to a session, in seconds (null: none applies).
+
+    Known from launch on, so a page can say what will apply while the session
+    waits and its deadlines are still null: ``idle_timeout`` (interactive
+    sessions, from the owner's policy), ``max_session_lifetime`` (the owner's
+    policy) and ``batch_timeout`` (batch sessions, their own).
+    """
+
+    idle_timeout = serializers.IntegerField(allow_null=True)
+    max_session_lifetime = serializers.IntegerField(allow_null=True)
+    batch_timeout = serializers.IntegerField(allow_null=True)
+
+
+def _seconds(value: Any) -> int | None:
+    return int(value.total_seconds()) if value is not None else None
+
+
 class SessionOutputSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     image = serializers.CharField(source="image.reference")
@@ -149,6 +172,7 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     lifetime_deadline = serializers.SerializerMethodField()
     batch_deadline = serializers.SerializerMethodField()
     seconds_left = serializers.SerializerMethodField()
+    limits = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -184,6 +208,7 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "lifetime_deadline",
             "batch_deadline",
             "seconds_left",
+            "limits",
             "kernels",
         ]
 
@@ -197,16 +222,19 @@ class SessionOutputSerializer(serializers.ModelSerializer):
         # .all(), not values_list(): the list view prefetches depends_on.
         return [str(dep.pk) for dep in obj.depends_on.all()]
 
+    def _policy(self, obj: Session) -> Any:
+        # One policy query per owner per response (context is shared by a list).
+        policies = self.context.setdefault("owner_policies", {})
+        if obj.owner_id not in policies:
+            policies[obj.owner_id] = deadlines.owner_policy(owner_id=obj.owner_id)
+        return policies[obj.owner_id]
+
     def _deadlines(self, obj: Session) -> deadlines.Deadlines:
         if not hasattr(obj, "_deadlines"):
-            # One policy query per owner per response (context is shared by a list).
-            policies = self.context.setdefault("owner_policies", {})
-            if obj.owner_id not in policies:
-                policies[obj.owner_id] = deadlines.owner_policy(owner_id=obj.owner_id)
             main = next((k for k in obj.kernels.all() if k.cluster_role == "main"), None)
             obj._deadlines = deadlines.session_deadlines(
                 session=obj,
-                policy=policies[obj.owner_id],
+                policy=self._policy(obj),
                 main_started_at=main.started_at if main else None,
             )
         return obj._deadlines
@@ -226,6 +254,16 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     def get_seconds_left(self, obj: Session) -> int | None:
         return self._deadlines(obj).seconds_left(timezone.now())
 
+    @extend_schema_field(LimitsSerializer)
+    def get_limits(self, obj: Session) -> dict[str, int | None]:
+        policy = self._policy(obj)
+        interactive = obj.session_type == "interactive"
+        return {
+            "idle_timeout": _seconds(policy.idle_timeout) if policy and interactive else None,
+            "max_session_lifetime": _seconds(policy.max_session_lifetime) if policy else None,
+            "batch_timeout": _seconds(obj.batch_timeout) if obj.session_type == "batch" else None,
+        }
+
 
 class EventOutputSerializer(serializers.Serializer):
     time = serializers.DateTimeField(source="created_at")
@@ -238,11 +276,25 @@ class EventOutputSerializer(serializers.Serializer):
         return obj.kernel.cluster_hostname if obj.kernel_id else None
 
 
+class DependencySerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    status = serializers.CharField()
+    result = serializers.CharField()
+
+
 class SessionDetailSerializer(SessionOutputSerializer):
     events = serializers.SerializerMethodField()
+    dependencies = serializers.SerializerMethodField()
 
     class Meta(SessionOutputSerializer.Meta):
-        fields = SessionOutputSerializer.Meta.fields + ["events"]
+        fields = SessionOutputSerializer.Meta.fields + ["dependencies", "events"]
+
+    @extend_schema_field(DependencySerializer(many=True))
+    def get_dependencies(self, obj: Session) -> list[dict[str, Any]]:
+        """The sessions it waits for, by name (``depends_on`` has their ids)."""
+        deps = obj.depends_on.order_by("created_at")
+        return DependencySerializer(deps, many=True).data
 
     def get_events(self, obj: Session) -> list[dict[str, Any]]:
         return EventOutputSerializer(selectors.session_events(session=obj), many=True).data

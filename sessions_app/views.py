@@ -41,6 +41,8 @@ def session_row(session: Session) -> dict[str, Any]:
         "image": session.image.reference,
         "resource_group": session.resource_group.name,
         "created_at": session.created_at.isoformat(),
+        "started_at": session.started_at.isoformat() if session.started_at else None,
+        "terminated_at": session.terminated_at.isoformat() if session.terminated_at else None,
         "kernels": [
             {"hostname": k.cluster_hostname, "status": k.status, "role": k.cluster_role}
             for k in session.kernels.all()

@@ -163,6 +163,34 @@ export function fmtAge(iso) {
   return fmtDuration((Date.now() - Date.parse(iso)) / 1000);
 }
 
+/** A configured limit in words: 120 → "2 min", 5400 → "1 h 30 min", 86400 → "1 day". */
+export function fmtLimit(seconds) {
+  seconds = Math.max(0, Math.round(seconds));
+  const units = [[86400, (n) => `${n} day${n === 1 ? "" : "s"}`], [3600, (n) => `${n} h`], [60, (n) => `${n} min`], [1, (n) => `${n} s`]];
+  const parts = [];
+  for (const [size, word] of units) {
+    if (seconds >= size && parts.length < 2) {
+      parts.push(word(Math.floor(seconds / size)));
+      seconds %= size;
+    }
+  }
+  return parts.length ? parts.join(" ") : "0 s";
+}
+
+/**
+ * How old a session is: counting while it lives, fixed at its end once it has
+ * ended. {ended, seconds, ran} — `ran`: seconds from its start to its end
+ * (null if it never started). An ended session whose end time has not been
+ * read yet (a live push) is taken to have ended when the push arrived.
+ */
+export function sessionAge(s, now = Date.now()) {
+  const ended = isEnded(s.status);
+  const end = ended ? Date.parse(s.terminated_at || s.endedSeenAt || new Date(now).toISOString()) : now;
+  const seconds = Math.max(0, (end - Date.parse(s.created_at)) / 1000);
+  const ran = ended && s.started_at ? Math.max(0, (end - Date.parse(s.started_at)) / 1000) : null;
+  return { ended, seconds, ran, end };
+}
+
 export function fmtTime(iso) {
   if (!iso) return "—";
   const d = new Date(iso);
@@ -213,10 +241,38 @@ export function setConnIndicator(on) {
   node.querySelector("span").textContent = on ? "live" : "reconnecting…";
 }
 
-/** Wire a <dialog>: [data-close] buttons and backdrop clicks close it. */
+const FOCUSABLE = "a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])";
+
+function focusableIn(root) {
+  return [...root.querySelectorAll(FOCUSABLE)].filter(
+    (node) => !node.disabled && !node.closest("[hidden]") && node.getClientRects().length > 0,
+  );
+}
+
+/**
+ * Wire a modal <dialog>: [data-close] buttons and backdrop clicks close it,
+ * Escape closes it (the browser's own), and Tab and Shift+Tab cycle within it
+ * instead of leaving for the browser's toolbar. The browser gives focus back
+ * to what had it before the dialog opened.
+ */
 export function wireDialog(dialog, onClose) {
   dialog.addEventListener("click", (event) => {
     if (event.target.closest("[data-close]") || event.target === dialog) dialog.close();
+  });
+  dialog.addEventListener("keydown", (event) => {
+    if (event.key !== "Tab") return;
+    const nodes = focusableIn(dialog);
+    if (!nodes.length) return;
+    const first = nodes[0];
+    const last = nodes[nodes.length - 1];
+    const radio = (node) => node.type === "radio" && document.activeElement.type === "radio" && node.name === document.activeElement.name;
+    if (event.shiftKey && (document.activeElement === first || radio(first) || !dialog.contains(document.activeElement))) {
+      event.preventDefault();
+      last.focus();
+    } else if (!event.shiftKey && (document.activeElement === last || radio(last))) {
+      event.preventDefault();
+      first.focus();
+    }
   });
   dialog.addEventListener("close", () => onClose && onClose());
 }

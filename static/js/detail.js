@@ -1,8 +1,9 @@
-// Session detail: kernels, event history, why it waits, time left; live over
-// /ws/sessions/ (a push about this session re-reads it from the API).
+// Session detail: kernels, event history, why it waits, time left (or, while
+// it waits, the limits that will apply); live over /ws/sessions/ (a push about
+// this session re-reads it from the API).
 // Test hooks: window.wsReady, window.detailState (the session as last read).
 
-import { api, badge, el, fmtDuration, fmtSlots, fmtStamp, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON } from "./common.js";
+import { api, badge, el, fmtAge, fmtDuration, fmtLimit, fmtSlots, fmtStamp, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON, sessionAge } from "./common.js";
 import { openLogs } from "./logs.js";
 
 let session = readJSON("session-data");
@@ -35,6 +36,7 @@ function countdown(iso, label) {
 }
 
 function tickCountdowns() {
+  document.querySelectorAll("[data-age]").forEach((node) => { node.textContent = fmtAge(node.dataset.age); });
   document.querySelectorAll("[data-deadline]").forEach((node) => {
     const left = (Date.parse(node.dataset.deadline) - Date.now()) / 1000;
     node.textContent = left > 0 ? `${fmtDuration(left)} left` : "due now";
@@ -45,6 +47,37 @@ function tickCountdowns() {
 
 function fact(dl, name, ...value) {
   dl.append(el("dt", {}, name), el("dd", {}, ...value));
+}
+
+function ageFact(dl, s) {
+  const age = sessionAge(s);
+  if (!age.ended) {
+    fact(dl, "Age", el("span", { "data-age": s.created_at, id: "d-age" }, fmtAge(s.created_at)));
+    return;
+  }
+  fact(dl, "Age", el("span", { id: "d-age", "data-ended": "" }, fmtDuration(age.seconds)),
+    el("span.sub", {}, age.ran === null ? "ended before it ran" : `ran for ${fmtDuration(age.ran)}`));
+}
+
+/**
+ * One time limit: the countdown once it runs; before that, what will apply
+ * (limits come from the API's `limits`, in seconds; null: none).
+ */
+function limitFact(dl, name, deadline, limit, { none, when }) {
+  let value;
+  if (deadline) value = countdown(deadline, name);
+  else if (limit !== null && limit !== undefined) value = el("span", { "data-limit": name }, fmtLimit(limit), el("span.sub", {}, when));
+  else value = el("span.muted", {}, none);
+  fact(dl, name, value);
+}
+
+function dependencyLinks(s) {
+  const deps = s.dependencies || s.depends_on.map((id) => ({ id, name: id.slice(0, 8) }));
+  return deps.map((d, i) => [
+    i ? ", " : "",
+    el("a", { href: `/sessions/${d.id}/`, title: d.id }, d.name),
+    d.status ? el("span.muted", {}, ` (${d.result && d.result !== "UNDEFINED" ? d.result : d.status.toLowerCase()})`) : null,
+  ]);
 }
 
 function render() {
@@ -75,21 +108,26 @@ function render() {
   const envKeys = Object.keys(s.env || {});
   fact(facts, "Environment", envKeys.length ? el("span.mono", {}, envKeys.join(", ")) : el("span.muted", {}, "none"));
   if (s.startup_command) fact(facts, "Start command", el("code", {}, s.startup_command));
-  if (s.depends_on && s.depends_on.length) {
-    fact(facts, "Depends on", ...s.depends_on.map((id) => el("a.mono", { href: `/sessions/${id}/` }, id.slice(0, 8), " ")));
-  }
+  if (s.depends_on && s.depends_on.length) fact(facts, "Depends on", ...dependencyLinks(s).flat());
   if (s.exit_code !== null && s.exit_code !== undefined) fact(facts, "Exit code", String(s.exit_code));
 
   const times = $("d-time");
   times.replaceChildren();
   fact(times, "Created", fmtTime(s.created_at));
+  ageFact(times, s);
   fact(times, "Scheduled", fmtTime(s.scheduled_at));
   fact(times, "Started", fmtTime(s.started_at));
   if (s.terminated_at) fact(times, "Ended", fmtTime(s.terminated_at));
   fact(times, "Last activity", fmtTime(s.last_activity_at));
   if (!isEnded(s.status)) {
-    if ("idle_deadline" in s) fact(times, "Idle timeout", s.idle_deadline ? countdown(s.idle_deadline, "Idle timeout") : el("span.muted", {}, "none"));
-    if ("lifetime_deadline" in s) fact(times, "Lifetime limit", s.lifetime_deadline ? countdown(s.lifetime_deadline, "Lifetime limit") : el("span.muted", {}, "unlimited"));
+    const limits = s.limits || {};
+    if (s.type === "interactive") {
+      limitFact(times, "Idle timeout", s.idle_deadline, limits.idle_timeout, { none: "none", when: "without activity, once it runs" });
+    }
+    limitFact(times, "Lifetime limit", s.lifetime_deadline, limits.max_session_lifetime, { none: "unlimited", when: "from its start" });
+    if (s.type === "batch") {
+      limitFact(times, "Batch timeout", s.batch_deadline, limits.batch_timeout, { none: "none", when: "from its start command" });
+    }
   }
   tickCountdowns();
 

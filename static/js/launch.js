@@ -273,6 +273,9 @@ function showProgress(detail) {
   launched = { id: detail.id, name: detail.name, status: "PENDING", reasons: {} };
   form.hidden = true;
   $("launch-progress").hidden = false;
+  // The focused Launch button just vanished with the form: keyboard and screen
+  // reader users continue from the progress heading.
+  $("progress-title").focus();
   $("progress-name").textContent = detail.name;
   $("progress-sub").textContent = `${detail.cluster_size} container${detail.cluster_size === 1 ? "" : "s"} · ${detail.image} · ${detail.resource_group}`;
   $("progress-open").href = `/sessions/${detail.id}/`;

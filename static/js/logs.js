@@ -1,6 +1,7 @@
 // The logs modal: one tab per container, each streamed live over
 // /ws/sessions/<id>/kernels/<hostname>/logs/. Pause keeps receiving (and shows
-// it on resume); Download saves what was received.
+// it on resume); Download saves what was received. A tab says "no output yet"
+// until its first chunk arrives ("no output" once its container has ended).
 //
 // Test hooks: window.logsReady (the stream of the shown tab is open and has said
 // what it is), window.logsState {kernel, live, ended, chars}.
@@ -29,6 +30,8 @@ function flush() {
   const stick = view.scrollTop + view.clientHeight >= view.scrollHeight - 24;
   const text = current.pending.join("");
   current.pending = [];
+  const placeholder = view.querySelector(".placeholder");
+  if (placeholder) placeholder.remove();
   view.append(text);
   current.shown += text.length;
   if (current.shown > MAX_SHOWN) {
@@ -45,6 +48,16 @@ function scheduleFlush() {
   }
 }
 
+function noOutputYet(view) {
+  view.append(el("span.placeholder", { "data-role": "no-output" }, "no output yet\n"));
+}
+
+/** The stream will bring nothing more: an empty tab says so for good. */
+function noMoreOutput() {
+  const placeholder = document.querySelector("#logs-view .placeholder");
+  if (placeholder) placeholder.textContent = "no output\n";
+}
+
 function note(text) {
   const view = document.getElementById("logs-view");
   view.append(el("span.sys", {}, `— ${text} —\n`));
@@ -59,11 +72,15 @@ function showTab(hostname) {
   stopCurrent();
   const session = current.session;
   document.querySelectorAll("#logs-tabs button").forEach((b) => {
-    b.classList.toggle("on", b.dataset.host === hostname);
-    b.setAttribute("aria-selected", b.dataset.host === hostname ? "true" : "false");
+    const on = b.dataset.host === hostname;
+    b.classList.toggle("on", on);
+    b.setAttribute("aria-selected", on ? "true" : "false");
+    b.tabIndex = on ? 0 : -1; // one tab stop for the tab list; arrows move within it
   });
   const view = document.getElementById("logs-view");
+  view.setAttribute("aria-labelledby", `logs-tab-${hostname}`);
   view.textContent = "";
+  noOutputYet(view);
   Object.assign(current, { hostname, received: [], pending: [], chars: 0, shown: 0, paused: false, ended: false });
   document.getElementById("logs-pause").textContent = "Pause";
   setState("", "connecting…");
@@ -75,7 +92,7 @@ function showTab(hostname) {
       if (msg.type === "state") {
         mine.live = msg.live;
         setState(msg.live ? "live" : "ended", msg.live ? `following ${hostname} live` : msg.message);
-        if (!msg.live) note(msg.message);
+        if (!msg.live) { noMoreOutput(); note(msg.message); }
         window.logsReady = true;
         publish({ live: msg.live, status: msg.status, message: msg.message });
       } else if (msg.type === "chunk") {
@@ -87,6 +104,7 @@ function showTab(hostname) {
       } else if (msg.type === "ended") {
         mine.ended = true;
         flush();
+        noMoreOutput();
         note(`${hostname} ended (${msg.status}${msg.reason ? ": " + msg.reason : ""})`);
         setState("ended", `${hostname} ended`);
         publish({ ended: true, status: msg.status });
@@ -146,9 +164,23 @@ function init() {
   wireDialog(dialog, () => { stopCurrent(); current = null; });
   document.getElementById("logs-pause").addEventListener("click", togglePause);
   document.getElementById("logs-download").addEventListener("click", download);
+  document.getElementById("logs-tabs").addEventListener("keydown", onTabKey);
   document.getElementById("logs-wrap").addEventListener("change", (e) => {
     document.getElementById("logs-view").classList.toggle("wrap", e.target.checked);
   });
+}
+
+/** Arrow keys, Home and End move between the tabs and show the one reached. */
+function onTabKey(event) {
+  const tabs = [...document.querySelectorAll("#logs-tabs button")];
+  const at = tabs.indexOf(document.activeElement);
+  if (at < 0) return;
+  const to = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: tabs.length - 1 }[event.key];
+  if (to === undefined) return;
+  event.preventDefault();
+  const tab = tabs[(to + tabs.length) % tabs.length];
+  tab.focus();
+  if (tab.dataset.host !== current.hostname) showTab(tab.dataset.host);
 }
 
 /** Open the modal for `session` ({id, name, kernels: [{hostname, status}]}). */
@@ -163,8 +195,10 @@ export function openLogs(session, hostname) {
   tabs.textContent = "";
   for (const k of kernels) {
     tabs.append(
-      el("button", { type: "button", role: "tab", dataset: { host: k.hostname }, onclick: () => showTab(k.hostname) },
-        el(`i.s-${k.status}`), k.hostname),
+      el("button", {
+        type: "button", role: "tab", id: `logs-tab-${k.hostname}`, "aria-controls": "logs-view",
+        dataset: { host: k.hostname }, onclick: () => showTab(k.hostname),
+      }, el(`i.s-${k.status}`, { "aria-hidden": "true" }), k.hostname),
     );
   }
   current = { session };

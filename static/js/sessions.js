@@ -1,7 +1,7 @@
 // The sessions list: rendered from json_script data, kept live by /ws/sessions/.
 // Test hooks: window.wsReady (socket open), window.sessionsById (the table's state).
 
-import { api, badge, el, fmtAge, fmtSlots, followSessions, isEnded, MODE_LABEL, readJSON } from "./common.js";
+import { api, badge, el, fmtAge, fmtDuration, fmtSlots, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON, sessionAge } from "./common.js";
 import { initLaunch, openLaunch, onSessionChange as launchProgress } from "./launch.js";
 import { openLogs } from "./logs.js";
 
@@ -31,6 +31,15 @@ function actions(s) {
   );
 }
 
+function ageCell(s) {
+  const age = sessionAge(s);
+  if (!age.ended) return el("td.age", { title: `Created ${fmtTime(s.created_at)}`, "data-age": s.created_at }, fmtAge(s.created_at));
+  // Ended: the age stops at the end, with how long it ran.
+  return el("td.age", { title: `Created ${fmtTime(s.created_at)}, ended ${fmtTime(new Date(age.end).toISOString())}`, "data-ended": "" },
+    fmtDuration(age.seconds),
+    el("span.sub", {}, age.ran === null ? "never ran" : `ran ${fmtDuration(age.ran)}`));
+}
+
 function row(s) {
   const kernels = s.kernels && s.kernels.length > 1
     ? el("div.kchips", {}, s.kernels.map((k) => el(`span.kchip.s-${k.status}`, { title: `${k.hostname}: ${k.status}` }, el("i"), k.hostname)))
@@ -49,7 +58,7 @@ function row(s) {
     el("td", {}, fmtSlots(s.resources)),
     el("td", {}, el("span.mono", {}, s.image)),
     el("td", {}, s.resource_group),
-    el("td", { title: s.created_at, "data-age": s.created_at }, fmtAge(s.created_at)),
+    ageCell(s),
     actions(s),
   );
 }
@@ -90,6 +99,7 @@ function toRow(d) {
     id: d.id, name: d.name, owner: d.owner, type: d.type, status: d.status, status_reason: d.status_reason,
     result: d.result, cluster_mode: d.cluster_mode, cluster_size: d.cluster_size, resources: d.resources,
     image: d.image, resource_group: d.resource_group, created_at: d.created_at,
+    started_at: d.started_at, terminated_at: d.terminated_at,
     kernels: (d.kernels || []).map((k) => ({ hostname: k.cluster_hostname, status: k.status, role: k.cluster_role })),
   };
 }
@@ -127,7 +137,10 @@ function onChange(items) {
     } else {
       s.status = item.status;
       s.status_reason = item.reason;
-      if (isEnded(item.status)) fetchOne(item.id); // result and exit code
+      if (isEnded(item.status)) {
+        if (!s.terminated_at && !s.endedSeenAt) s.endedSeenAt = new Date().toISOString();
+        fetchOne(item.id); // result, exit code and end time
+      }
     }
     changed = true;
   }
@@ -141,7 +154,10 @@ document.getElementById("filter").addEventListener("click", (e) => {
   const btn = e.target.closest("button[data-filter]");
   if (!btn) return;
   filter = btn.dataset.filter;
-  document.querySelectorAll("#filter button").forEach((b) => b.classList.toggle("on", b === btn));
+  document.querySelectorAll("#filter button").forEach((b) => {
+    b.classList.toggle("on", b === btn);
+    b.setAttribute("aria-pressed", b === btn ? "true" : "false");
+  });
   render();
 });
 document.getElementById("search").addEventListener("input", (e) => { query = e.target.value.trim().toLowerCase(); render(); });

@@ -8,6 +8,12 @@ reason; under ``CI=true`` it fails.
 Pages send a Content-Security-Policy without 'unsafe-eval': give
 ``wait_for_function`` a function (``"() => window.wsReady === true"``), never
 a bare expression, which Playwright would evaluate with ``eval`` in the page.
+
+Two checks apply to every test here (``checks.py``): a page that requests
+anything outside the live server's origin fails the test, and every screenshot
+(``shot``) runs axe-core on the page and fails on a serious or critical
+accessibility violation (``shot(page, step, axe_exclude=[...])`` leaves out a
+third-party region; ``assert_accessible(page)`` checks a state without a shot).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import skip_or_fail
+from tests.e2e.checks import GuardedBrowser, OwnOriginGuard, assert_accessible
 from tests.live import free_port, server_environment, stop_process, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,17 +237,37 @@ def real_agent(live_server_url, make_agent, kernel_images, docker_client, settin
 
 
 @pytest.fixture
-def browser(chromium_path):
+def own_origin_guard(live_server_url) -> OwnOriginGuard:
+    """What the test's pages requested outside the live server's origin."""
+    return OwnOriginGuard(live_server_url)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test whose pages asked another host fails, even if its body passed."""
+    result = yield
+    guard = item.funcargs.get("own_origin_guard")
+    if guard is not None:
+        guard.assert_clean()
+    return result
+
+
+@pytest.fixture
+def browser(chromium_path, own_origin_guard):
+    """Chromium; every context made from it is watched by ``own_origin_guard``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         instance = p.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
-        yield instance
+        yield GuardedBrowser(instance, own_origin_guard)
         instance.close()
 
 
 class Shots:
-    """Screenshots at named steps: test-artifacts/e2e/<test>/<step>.png."""
+    """Screenshots at named steps: test-artifacts/e2e/<test>/<step>.png.
+
+    After each one, axe-core checks the page (see ``checks.assert_accessible``).
+    """
 
     def __init__(self, test_name: str) -> None:
         self.dir = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]", "_", test_name)
@@ -248,10 +275,18 @@ class Shots:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.count = 0
 
-    def __call__(self, page, step: str, full_page: bool = False) -> Path:
+    def __call__(
+        self,
+        page,
+        step: str,
+        full_page: bool = False,
+        *,
+        axe_exclude: tuple[str, ...] | list[str] = (),
+    ) -> Path:
         self.count += 1
         path = self.dir / f"{self.count:02d}-{step}.png"
         page.screenshot(path=str(path), full_page=full_page)
+        assert_accessible(page, exclude=axe_exclude, where=f"step {step!r} ({path.name})")
         return path
 
 
@@ -262,11 +297,16 @@ def shot(request) -> Shots:
 
 @pytest.fixture
 def login(browser, live_server_url, shot):
-    """``login("alice")`` → a page logged in as that user, on the sessions list."""
+    """``login("alice")`` → a page logged in as that user, on the sessions list.
+
+    Keyword arguments go to ``browser.new_context`` (``device_scale_factor=1``…).
+    """
     contexts = []
 
-    def do(username: str, *, screenshot: bool = True):
-        context = browser.new_context(viewport={"width": 1440, "height": 900})
+    def do(username: str, *, screenshot: bool = True, **context_options):
+        context = browser.new_context(
+            **{"viewport": {"width": 1440, "height": 900}, **context_options}
+        )
         contexts.append(context)
         page = context.new_page()
         page.set_default_timeout(30_000)

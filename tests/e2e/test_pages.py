@@ -83,7 +83,13 @@ def test_a_user_launches_a_three_node_cluster_and_works_in_it(
     assert page.get_attribute('#logs-tabs button[data-host="sub2"]', "aria-selected") == "true"
     assert "following sub2 live" in page.text_content("#logs-state")
     shot(page, "logs-sub2")
-    page.click("#logs-modal [data-close]")
+    # The tabs are one stop for Tab; arrow keys move between them.
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("() => window.logsReady === true && window.logsState.kernel === 'sub1'")
+    assert page.evaluate("document.activeElement.dataset.host") == "sub1"
+    assert page.get_attribute('#logs-tabs button[data-host="sub2"]', "tabindex") == "-1"
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.getElementById('logs-modal').open")
 
     # The terminal: a shell in main1, and ssh to a sub kernel from there.
     page.goto(f"{live_server_url}/sessions/{session_id}/terminal/")
@@ -145,6 +151,10 @@ def test_a_batch_sessions_output_appears_in_its_logs_and_its_result_on_the_page(
     page.click("#logs-modal [data-close]")
     page.click('#filter button[data-filter="all"]')
     row.locator(".result-SUCCESS").wait_for(timeout=30_000)
+    # Its age stopped at its end, and says how long it ran.
+    age = row.locator("td.age")
+    assert age.get_attribute("data-ended") is not None and age.get_attribute("data-age") is None
+    assert "\nran " in age.inner_text(), age.inner_text()
     shot(page, "list-batch-success")
 
     # After the container is gone, its kept tail is still readable.
@@ -154,6 +164,30 @@ def test_a_batch_sessions_output_appears_in_its_logs_and_its_result_on_the_page(
         "&& document.getElementById('logs-view').textContent.includes('hello-from-main1')"
     )
     shot(page, "logs-main1-kept-tail")
+
+
+def test_an_empty_log_tab_says_no_output_yet_until_its_first_line(
+    live_server_url, real_agent, images, users, login, shot
+):
+    page = login("alice")
+    _launch(
+        page,
+        image="bai-kernel/minimal:1",
+        batch_command="sleep 8; echo first-line; sleep 2",
+        name="slow-start",
+    )
+    session_id = _submit_and_wait(page)
+    page.click("#launch-progress [data-close]")
+    page.locator(f'tr[data-id="{session_id}"] [data-action="logs"]').click()
+    page.wait_for_function("() => window.logsReady === true && window.logsState.live === true")
+    assert page.inner_text("#logs-view .placeholder").strip() == "no output yet"
+    shot(page, "logs-no-output-yet")
+
+    page.wait_for_function(
+        "() => document.getElementById('logs-view').textContent.includes('first-line')"
+    )
+    assert page.locator("#logs-view .placeholder").count() == 0
+    shot(page, "logs-first-line")
 
 
 def test_a_session_that_cannot_be_placed_says_why_on_the_page(

@@ -736,3 +736,10 @@ def test_a_preset_without_cpu_or_memory_is_refused(client, admin):
     page = response.content.decode()
     assert "CPU: must be more than 0" in page and "Memory: required" in page
     assert not ResourcePreset.objects.filter(name="empty").exists()
+
+
+def test_the_editable_cells_of_the_group_list_name_their_field_and_row(client, admin, group):
+    client.force_login(admin)
+    page = client.get(reverse("admin:sessions_app_resourcegroup_changelist")).content.decode()
+    assert 'aria-label="Session selection of default"' in page
+    assert 'aria-label="Agent selection of default"' in page

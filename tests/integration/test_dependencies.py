@@ -241,3 +241,12 @@ def test_the_api_refuses_a_bad_dependency_naming_the_field(api, alice, image, ag
     assert response.status_code == 400
     assert "depends_on" in response.json()["extra"]["fields"]
     assert response.json()["message"].startswith("depends_on: no session of yours")
+
+
+def test_the_detail_api_names_the_dependencies(pipeline, api, alice):
+    a, b, _ = pipeline
+    body = api(alice).get(f"{URL}{b.pk}/").json()
+    assert body["depends_on"] == [str(a.pk)]
+    assert body["dependencies"] == [
+        {"id": str(a.pk), "name": "A", "status": a.status, "result": a.result}
+    ]

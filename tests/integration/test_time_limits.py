@@ -299,3 +299,38 @@ def test_a_pending_session_shows_no_deadline(clock, alice, image, api, default_p
     body = api(alice).get(f"/api/v1/sessions/{session.pk}/").json()
     assert body["idle_deadline"] is None
     assert body["seconds_left"] is None
+
+
+def test_a_pending_session_shows_the_limits_that_will_apply(clock, alice, image, api, group):
+    policy = ResourcePolicy.objects.get(is_default=True)
+    policy.idle_timeout = timedelta(minutes=2)
+    policy.max_session_lifetime = timedelta(hours=1)
+    policy.save()
+    notebook = launch(alice, name="later")
+    launch(alice, name="job", type="batch", startup_command="true", batch_timeout=30)
+
+    listed = {s["name"]: s for s in api(alice).get("/api/v1/sessions/").json()}
+    assert listed["later"]["status"] == "PENDING"
+    assert listed["later"]["limits"] == {
+        "idle_timeout": 120,
+        "max_session_lifetime": 3600,
+        "batch_timeout": None,
+    }
+    # A batch session is never idle; its own batch timeout applies.
+    assert listed["job"]["limits"] == {
+        "idle_timeout": None,
+        "max_session_lifetime": 3600,
+        "batch_timeout": 30,
+    }
+    detail = api(alice).get(f"/api/v1/sessions/{notebook.pk}/").json()
+    assert detail["limits"]["idle_timeout"] == 120
+
+
+def test_a_session_under_a_policy_without_limits_has_none(clock, alice, image, api, group):
+    session = launch(alice, name="free")
+    body = api(alice).get(f"/api/v1/sessions/{session.pk}/").json()
+    assert body["limits"] == {
+        "idle_timeout": None,
+        "max_session_lifetime": None,
+        "batch_timeout": None,
+    }

@@ -159,7 +159,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "sessions_app.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "sessions_app.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {

@@ -3,12 +3,20 @@ the selectors, call one service, serialise."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import quote
 
 from django.contrib.auth import authenticate
 from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny, IsAdminUser
@@ -18,10 +26,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import deadlines, selectors, services
-from .errors import ApplicationError, InvalidInput, NotFound
-from .models import Kernel, Session, SessionTemplate
-from .specs import LAUNCH_SCHEMA, openapi_schema
-from .templates import export_template_document, parse_template_document
+from .errors import ApplicationError, Forbidden, InvalidInput, NotFound
+from .launch import FOLDER_NAME
+from .models import Kernel, Session, SessionTemplate, Status
+from .openapi import errors
+from .specs import LAUNCH_SCHEMA, SPEC_SCHEMA, openapi_schema
+from .templates import FORMATS, export_template_document, parse_template_document
 
 MAX_LIST = 500
 
@@ -33,6 +43,38 @@ def _touch(session: Session, request: Request) -> None:
         services.session_touch(session_id=session.pk, now=now)
         if not session.is_terminal:
             session.last_activity_at = now  # so the response shows the moved idle deadline
+
+
+class QueryFlag(serializers.BooleanField):
+    """A yes/no query parameter: ``true``/``false`` (or ``1``/``0``), nothing looser."""
+
+    TRUE_VALUES = {"true", "1"}
+    FALSE_VALUES = {"false", "0"}
+    NULL_VALUES: set[str] = set()
+
+
+def _query(request: Request, serializer: type[serializers.Serializer]) -> dict[str, Any]:
+    """A view's query parameters, validated like a body: a NUL anywhere in the
+    query is refused (it would reach the database), and so is a parameter
+    given twice (which value would count?)."""
+    params = request.query_params
+    for key, values in params.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            name = key.replace("\x00", "\\x00")
+            raise InvalidInput(
+                f"{name}: a query parameter must not contain a NUL character",
+                {name: ["must not contain a NUL character"]},
+            )
+    fields = serializer().fields
+    repeated = [name for name in fields if len(params.getlist(name)) > 1]
+    if repeated:
+        raise InvalidInput(
+            f"{repeated[0]}: given more than once",
+            {name: ["given more than once"] for name in repeated},
+        )
+    data = serializer(data={name: params[name] for name in fields if name in params})
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
 
 
 def _refuse_unknown_fields(request: Request, serializer: type[serializers.Serializer]) -> None:
@@ -218,24 +260,27 @@ class SessionDetailSerializer(SessionOutputSerializer):
 
 
 class SessionListCreateApi(APIView):
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("all", bool, description="Admins: every user's sessions."),
-            OpenApiParameter("status", str, description="Filter by status, e.g. RUNNING."),
-        ],
-        responses=SessionOutputSerializer(many=True),
-    )
+    class QuerySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "SessionListQuery"
+
+        all = QueryFlag(required=False, default=False, help_text="Admins: every user's sessions.")
+        status = serializers.ChoiceField(
+            choices=Status.values, required=False, help_text="Only sessions in this status."
+        )
+
+    @extend_schema(parameters=[QuerySerializer], responses=SessionOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        include_all = request.query_params.get("all") in ("1", "true")
-        qs = selectors.sessions_for_user(user=request.user, include_all=include_all)
-        if wanted := request.query_params.get("status"):
-            qs = qs.filter(status=wanted.upper())
+        query = _query(request, self.QuerySerializer)
+        qs = selectors.sessions_for_user(user=request.user, include_all=query["all"])
+        if "status" in query:
+            qs = qs.filter(status=query["status"])
         qs = qs.prefetch_related("mounts", "depends_on")
         return Response(SessionOutputSerializer(qs[:MAX_LIST], many=True).data)
 
     @extend_schema(
         request={"application/json": openapi_schema(LAUNCH_SCHEMA)},
-        responses={201: SessionDetailSerializer},
+        responses={201: SessionDetailSerializer, **errors(403, 409)},
     )
     def post(self, request: Request) -> Response:
         # The shape is checked once, by the launch schema (launch.plan_launch).
@@ -259,7 +304,7 @@ class SessionTerminateApi(APIView):
 
         reason = serializers.CharField(required=False, max_length=200)
 
-    @extend_schema(request=InputSerializer, responses=SessionDetailSerializer)
+    @extend_schema(request=InputSerializer, responses={200: SessionDetailSerializer, **errors(409)})
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.get_session_for_user(user=request.user, session_id=session_id)
         data = self.InputSerializer(data=request.data)
@@ -320,12 +365,18 @@ class TemplateSerializer(serializers.ModelSerializer):
         ]
 
 
+@extend_schema_field(openapi_schema(SPEC_SCHEMA))
+class SpecField(serializers.JSONField):
+    """A launch spec, validated by the service against ``specs.SPEC_SCHEMA``."""
+
+
 class TemplateInputSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=64)
+    # The service judges name and description (``templates.validate_template_fields``).
+    name = serializers.CharField(max_length=64, trim_whitespace=False)
     description = serializers.CharField(
-        max_length=255, required=False, allow_blank=True, default=""
+        max_length=255, required=False, allow_blank=True, default="", trim_whitespace=False
     )
-    spec = serializers.JSONField()
+    spec = SpecField()
     is_shared = serializers.BooleanField(required=False, default=False)
 
 
@@ -337,7 +388,7 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
     if template.owner_id == request.user.pk or request.user.is_staff:
         return template
     if template.is_shared or template.owner_id is None:
-        raise ApplicationError("This shared template belongs to the admins; you may only use it.")
+        raise Forbidden("This shared template belongs to the admins; you may only use it.")
     raise NotFound("No such template.")
 
 
@@ -351,17 +402,22 @@ def _visible_template(request: Request, template_id: int) -> SessionTemplate:
 
 
 class TemplateListCreateApi(APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("all", bool, description="Admins: every user's templates.")],
-        responses=TemplateSerializer(many=True),
-    )
+    class QuerySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TemplateListQuery"
+
+        all = QueryFlag(required=False, default=False, help_text="Admins: every user's templates.")
+
+    @extend_schema(parameters=[QuerySerializer], responses=TemplateSerializer(many=True))
     def get(self, request: Request) -> Response:
-        include_all = request.query_params.get("all") in ("1", "true")
-        qs = selectors.templates_for_user(user=request.user, include_all=include_all)
+        query = _query(request, self.QuerySerializer)
+        qs = selectors.templates_for_user(user=request.user, include_all=query["all"])
         qs = qs.select_related("owner")
         return Response(TemplateSerializer(qs, many=True).data)
 
-    @extend_schema(request=TemplateInputSerializer, responses={201: TemplateSerializer})
+    @extend_schema(
+        request=TemplateInputSerializer, responses={201: TemplateSerializer, **errors(409)}
+    )
     def post(self, request: Request) -> Response:
         _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
@@ -382,7 +438,9 @@ class TemplateDetailApi(APIView):
     def get(self, request: Request, template_id: int) -> Response:
         return Response(TemplateSerializer(_visible_template(request, template_id)).data)
 
-    @extend_schema(request=TemplateInputSerializer, responses=TemplateSerializer)
+    @extend_schema(
+        request=TemplateInputSerializer, responses={200: TemplateSerializer, **errors(409)}
+    )
     def put(self, request: Request, template_id: int) -> Response:
         template = _owned_template(request, template_id)
         _refuse_unknown_fields(request, TemplateInputSerializer)
@@ -411,14 +469,26 @@ class TemplateExportApi(APIView):
         renderer = JSONRenderer()
         return renderer, renderer.media_type
 
+    class QuerySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TemplateExportQuery"
+
+        format = serializers.ChoiceField(choices=FORMATS, default="yaml")
+
     @extend_schema(
-        parameters=[OpenApiParameter("format", str, enum=["yaml", "json"])], responses=str
+        parameters=[QuerySerializer],
+        responses={
+            (200, "application/yaml"): OpenApiResponse(
+                OpenApiTypes.STR, description="The template as a YAML document (`?format=yaml`)."
+            ),
+            (200, "application/json"): OpenApiResponse(
+                OpenApiTypes.OBJECT, description="The template as a JSON document (`?format=json`)."
+            ),
+        },
     )
     def get(self, request: Request, template_id: int) -> HttpResponse:
         template = _visible_template(request, template_id)
-        fmt = request.query_params.get("format", "yaml")
-        if fmt not in ("yaml", "json"):
-            raise InvalidInput("format: use yaml or json", {"format": ["use yaml or json"]})
+        fmt = _query(request, self.QuerySerializer)["format"]
         text = export_template_document(
             name=template.name, description=template.description, spec=template.spec, fmt=fmt
         )
@@ -426,8 +496,17 @@ class TemplateExportApi(APIView):
         response = HttpResponse(
             text, content_type="application/json" if fmt == "json" else "application/yaml"
         )
-        response["Content-Disposition"] = f'attachment; filename="{template.name}.{fmt}"'
+        response["Content-Disposition"] = _attachment(f"{template.name}.{fmt}")
         return response
+
+
+def _attachment(filename: str) -> str:
+    """``Content-Disposition`` for a download, whatever the name holds (a name
+    stored before control characters were refused must not break the header):
+    an ASCII fallback, and the name itself as RFC 6266's ``filename*``."""
+    printable = "".join(c if c.isprintable() else "_" for c in filename)
+    fallback = re.sub(r"[^A-Za-z0-9._-]", "_", printable)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(printable, safe='')}"
 
 
 class TemplateImportApi(APIView):
@@ -438,7 +517,7 @@ class TemplateImportApi(APIView):
         format = serializers.ChoiceField(choices=["yaml", "json"], default="yaml")
         document = serializers.CharField(max_length=64 * 1024, trim_whitespace=False)
 
-    @extend_schema(request=InputSerializer, responses={201: TemplateSerializer})
+    @extend_schema(request=InputSerializer, responses={201: TemplateSerializer, **errors(409)})
     def post(self, request: Request) -> Response:
         _refuse_unknown_fields(request, self.InputSerializer)
         data = self.InputSerializer(data=request.data)
@@ -469,7 +548,15 @@ class FolderListCreateApi(APIView):
         class Meta:
             ref_name = "FolderCreateInput"
 
-        name = serializers.CharField(max_length=64)
+        # The service judges the whole name (``launch.FOLDER_NAME``); the pattern documents it.
+        name = serializers.RegexField(
+            f"^{FOLDER_NAME.pattern}$",
+            max_length=64,
+            trim_whitespace=False,
+            error_messages={
+                "invalid": "use up to 64 letters, digits, '_' or '-', starting with a letter or digit"
+            },
+        )
 
     @extend_schema(responses=FolderSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -477,7 +564,7 @@ class FolderListCreateApi(APIView):
             FolderSerializer(selectors.folders_for_user(user=request.user), many=True).data
         )
 
-    @extend_schema(request=InputSerializer, responses={201: FolderSerializer})
+    @extend_schema(request=InputSerializer, responses={201: FolderSerializer, **errors(409)})
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -486,7 +573,7 @@ class FolderListCreateApi(APIView):
 
 
 class FolderDeleteApi(APIView):
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None, **errors(409)})
     def delete(self, request: Request, folder_id: int) -> Response:
         folder = selectors.folders_for_user(user=request.user).filter(pk=folder_id).first()
         if folder is None:

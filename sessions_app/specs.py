@@ -22,6 +22,7 @@ Merging a template with launch overrides (``merge_spec``), field by field:
 from __future__ import annotations
 
 import copy
+import reprlib
 from typing import Any
 
 import jsonschema
@@ -31,7 +32,10 @@ import jsonschema
 # API, template import), so nothing unbounded reaches the database or a pass.
 # ``x-errors`` words a failed check for users: validator -> message, formatted
 # with ``value`` (the bad value) and ``key`` (its name inside a mapping).
-NO_NUL = "^[^\\x00]*$"
+# No NUL and no lone surrogate: PostgreSQL cannot store the one, UTF-8 cannot
+# encode the other. (Line breaks are allowed, so Python's ``$``, which also
+# matches before a final line break, lets nothing through here.)
+NO_NUL = "^[^\\x00\\ud800-\\udfff]*$"
 MAX_CLUSTER_SIZE = 256
 MAX_BATCH_TIMEOUT = 366 * 86400  # seconds
 MAX_ENV_VARS = 128
@@ -42,7 +46,7 @@ MAX_LIST = 64
 def _text(max_length: int, **extra: Any) -> dict[str, Any]:
     words = {
         "maxLength": f"at most {max_length} characters",
-        "pattern": "must not contain a NUL character",
+        "pattern": "must not contain a NUL character or invalid Unicode",
     }
     return {
         "type": "string",
@@ -53,15 +57,23 @@ def _text(max_length: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+_NAME_WORDS = {
+    "maxLength": "{value!r}: the name is too long",
+    "pattern": "{value!r}: a name must not hold a NUL character or invalid Unicode",
+}
 _SLOT_VALUE = {
     "type": ["string", "number"],
     "maxLength": 64,
-    "x-errors": {"type": "{key}: {value!r} is not a number"},
+    "pattern": NO_NUL,
+    "x-errors": {
+        "type": "{key}: {value!r} is not a number",
+        "pattern": "{key}: {value!r} is not a number",
+    },
 }
 _SLOTS = {
     "type": "object",
     "maxProperties": 32,
-    "propertyNames": {"maxLength": 64},
+    "propertyNames": {"maxLength": 64, "pattern": NO_NUL, "x-errors": _NAME_WORDS},
     "additionalProperties": _SLOT_VALUE,
     "x-errors": {"type": 'must be an object like {{"cpu": 1, "mem": "1g"}}'},
 }
@@ -113,13 +125,13 @@ SPEC_PROPERTIES: dict[str, Any] = {
     "env": {
         "type": "object",
         "maxProperties": MAX_ENV_VARS,
-        "propertyNames": {"maxLength": 256},
+        "propertyNames": {"maxLength": 256, "pattern": NO_NUL, "x-errors": _NAME_WORDS},
         "additionalProperties": {
             **_text(MAX_ENV_VALUE),
             "x-errors": {
                 "type": "{key}: the value must be a string",
                 "maxLength": f"{{key}}: the value is longer than {MAX_ENV_VALUE} characters",
-                "pattern": "{key}: the value holds a NUL character",
+                "pattern": "{key}: the value holds a NUL character or invalid Unicode",
             },
         },
         "x-errors": {
@@ -134,7 +146,7 @@ SPEC_PROPERTIES: dict[str, Any] = {
         "items": _text(64),
         "x-errors": {"type": "must be a list of session ids"},
     },
-    "starts_at": {"type": ["string", "null"], "maxLength": 64},
+    "starts_at": {"type": ["string", "null"], "maxLength": 64, "pattern": NO_NUL},
     "batch_timeout": {
         "type": ["number", "null"],
         "exclusiveMinimum": 0,
@@ -156,6 +168,22 @@ SPEC_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": SPEC_PROPERTIES,
 }
+# A template's own fields. Its name becomes a file name on export
+# (Content-Disposition), so no control character may hide in it.
+TEMPLATE_NAME: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    # Python's ``$`` also matches before a final line break: the service
+    # (``validate_template_fields``) checks the whole name too.
+    "pattern": "^[^\\x00-\\x1f\\x7f\\ud800-\\udfff]*$",
+    "x-errors": {
+        "minLength": "is required",
+        "maxLength": "at most 64 characters",
+        "pattern": "must not contain line breaks, tabs, other control characters or invalid Unicode",
+    },
+}
+TEMPLATE_DESCRIPTION: dict[str, Any] = _text(255)
 # A launch: a spec, plus the template it starts from and (admins only) the
 # agents it is pinned to.
 LAUNCH_PROPERTIES: dict[str, Any] = {
@@ -175,13 +203,36 @@ LAUNCH_SCHEMA: dict[str, Any] = {
 }
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+class _Shown:
+    """A bad value as a message shows it: cut short (it may be 60 KB of text)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return _SHORT.repr(self.value)
+
+    def __str__(self) -> str:
+        text = str(self.value)
+        return text if len(text) <= 80 else repr(self)
+
+
 def error_message(error: jsonschema.ValidationError) -> str:
-    """A failed schema check in users' words (``x-errors``), else the validator's."""
+    """A failed schema check in users' words (``x-errors``), else the validator's,
+    with the bad value cut short."""
     template = (error.schema.get("x-errors") or {}).get(error.validator)
     if template is None:
-        return str(error.message)
+        message = str(error.message)
+        whole = repr(error.instance)
+        if len(whole) > 80 and message.startswith(whole):
+            message = repr(_Shown(error.instance)) + message[len(whole) :]
+        return message
     key = error.absolute_path[-1] if error.absolute_path else ""
-    return str(template).format(value=error.instance, key=key)
+    return str(template).format(value=_Shown(error.instance), key=_Shown(key))
 
 
 def spec_errors(spec: Any, schema: dict[str, Any] = LAUNCH_SCHEMA) -> dict[str, list[str]]:
@@ -232,12 +283,14 @@ def merge_spec(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 
 def openapi_schema(schema: Any) -> Any:
     """The same schema for OpenAPI 3.0 (the API's documentation): a list of types
-    becomes ``oneOf`` (or ``nullable``), and the users' words stay as ``x-errors``."""
+    becomes ``oneOf`` (or ``nullable``). The users' words (``x-errors``) stay
+    server-side: they reach users in the error responses, and a mapping with a
+    ``pattern`` key inside a schema reads as a regular expression to tools."""
     if isinstance(schema, list):
         return [openapi_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: openapi_schema(value) for key, value in schema.items()}
+    out = {key: openapi_schema(value) for key, value in schema.items() if key != "x-errors"}
     types = out.get("type")
     if isinstance(types, list):
         kinds = [t for t in types if t != "null"]

@@ -33,7 +33,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from bai_common.jsonlimits import nesting_beyond
+from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
 from .errors import InvalidInput
 from .specs import (
@@ -147,6 +147,9 @@ def parse_template_document(text: str, fmt: str) -> dict[str, Any]:
     if len(text) > MAX_DOCUMENT_CHARS:
         message = f"at most {MAX_DOCUMENT_CHARS} characters (got {len(text)})"
         raise InvalidInput(f"document: {message}", {"document": [message]})
+    if lone_surrogate(text):
+        message = "the text is not valid Unicode (it holds a lone surrogate)"
+        raise InvalidInput(f"document: {message}", {"document": [message]})
     if fmt == "json":
         data = _load_json(text)
         node = _compose_quietly(text)  # JSON is YAML: used only to find lines
@@ -166,6 +169,16 @@ def parse_template_document(text: str, fmt: str) -> dict[str, Any]:
             fields.setdefault(name, []).append(f"line {line}: {message}" if line else message)
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+    try:  # what the schema's pattern cannot say (a final line break in the name)
+        validate_template_fields(name=data["name"], description=data.get("description", ""))
+    except InvalidInput as exc:
+        _refuse(
+            [
+                (field, _line_of(node, [field]), message)
+                for field, messages in exc.fields.items()
+                for message in messages
+            ]
+        )
     return data
 
 

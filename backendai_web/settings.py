@@ -168,6 +168,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # JSON Schema 2020-12, as the launch spec is written (propertyNames, type lists).
+    "OAS_VERSION": "3.1.0",
 }
 
 # --- domain settings -------------------------------------------------------

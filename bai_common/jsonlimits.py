@@ -36,17 +36,24 @@ def nesting_beyond(text: str, limit: int) -> int | None:
 
 def lone_surrogate(value: Any) -> bool:
     """Whether any string in decoded JSON (keys too) holds a lone surrogate."""
-    stack = [value]
+    return lone_surrogate_at(value) is not None
+
+
+def lone_surrogate_at(value: Any) -> tuple[str | int, ...] | None:
+    """The path to the first string in decoded JSON that holds a lone surrogate
+    (for a key, the path ends with that key), or None when there is none."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
     while stack:
-        item = stack.pop()
+        path, item = stack.pop()
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                return True
+                return path
         elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            for key, child in reversed(item.items()):
+                stack.append(((*path, key), child))
+                stack.append(((*path, key), key))
         elif isinstance(item, list):
-            stack.extend(item)
-    return False
+            stack.extend(((*path, i), child) for i, child in reversed(list(enumerate(item))))
+    return None

@@ -4,13 +4,13 @@ the selectors, call one service, serialise."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from django.contrib.auth import authenticate
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
@@ -30,8 +30,13 @@ from .errors import ApplicationError, Forbidden, InvalidInput, NotFound
 from .launch import FOLDER_NAME
 from .models import Kernel, Session, SessionTemplate, Status
 from .openapi import errors
-from .specs import LAUNCH_SCHEMA, SPEC_SCHEMA, openapi_schema
-from .templates import FORMATS, export_template_document, parse_template_document
+from .specs import LAUNCH_SCHEMA, SPEC_SCHEMA, TEMPLATE_NAME, openapi_schema
+from .templates import (
+    DOCUMENT_SCHEMA,
+    FORMATS,
+    export_template_document,
+    parse_template_document,
+)
 
 MAX_LIST = 500
 
@@ -77,16 +82,45 @@ def _query(request: Request, serializer: type[serializers.Serializer]) -> dict[s
     return dict(data.validated_data)
 
 
-def _refuse_unknown_fields(request: Request, serializer: type[serializers.Serializer]) -> None:
-    """A misspelt field is an error naming it, never silently dropped."""
-    if not isinstance(request.data, dict):
-        raise InvalidInput("The body must be a JSON object.")
-    unknown = sorted(set(request.data) - set(serializer().fields))
-    if unknown:
-        raise InvalidInput(
-            f"unknown field: {', '.join(unknown)}",
-            {name: ["unknown field"] for name in unknown},
-        )
+class StrictInputSerializer(serializers.Serializer):
+    """Fields not listed here are refused, each named in the error."""
+
+    # A misspelt field is never silently dropped; the OpenAPI document says so
+    # (``additionalProperties: false``, openapi.AutoSchema).
+    refuses_unknown_fields = True
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise InvalidInput(
+                    f"unknown field: {', '.join(map(str, unknown))}",
+                    {str(name): ["unknown field"] for name in unknown},
+                )
+            if not isinstance(data, QueryDict):  # a form's values are all text
+                _refuse_loose_types(self, data)
+        return super().to_internal_value(data)
+
+
+# DRF turns 0 into "0" and False, and 1 into True: in JSON a string is a
+# string and a boolean a boolean, as the OpenAPI document says.
+_JSON_TYPES = (
+    (serializers.BooleanField, bool, "must be true or false"),
+    (serializers.CharField, str, "must be a string"),
+)
+
+
+def _refuse_loose_types(serializer: serializers.Serializer, data: Mapping[str, Any]) -> None:
+    wrong: dict[str, list[str]] = {}
+    for name, field in serializer.fields.items():
+        value = data.get(name)
+        if name not in data or (value is None and field.allow_null):
+            continue
+        for kind, python_type, message in _JSON_TYPES:
+            if isinstance(field, kind) and not isinstance(value, python_type):
+                wrong[name] = [message]
+    if wrong:
+        raise serializers.ValidationError(wrong)
 
 
 # --- auth -------------------------------------------------------------------
@@ -298,7 +332,7 @@ class SessionDetailApi(APIView):
 
 
 class SessionTerminateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "SessionTerminateInput"
 
@@ -370,9 +404,15 @@ class SpecField(serializers.JSONField):
     """A launch spec, validated by the service against ``specs.SPEC_SCHEMA``."""
 
 
-class TemplateInputSerializer(serializers.Serializer):
-    # The service judges name and description (``templates.validate_template_fields``).
-    name = serializers.CharField(max_length=64, trim_whitespace=False)
+class TemplateInputSerializer(StrictInputSerializer):
+    # The service judges name and description (``templates.validate_template_fields``);
+    # the pattern documents the name's rule.
+    name = serializers.RegexField(
+        TEMPLATE_NAME["pattern"],
+        max_length=64,
+        trim_whitespace=False,
+        error_messages={"invalid": TEMPLATE_NAME["x-errors"]["pattern"]},
+    )
     description = serializers.CharField(
         max_length=255, required=False, allow_blank=True, default="", trim_whitespace=False
     )
@@ -419,7 +459,6 @@ class TemplateListCreateApi(APIView):
         request=TemplateInputSerializer, responses={201: TemplateSerializer, **errors(409)}
     )
     def post(self, request: Request) -> Response:
-        _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         shared = data.validated_data["is_shared"] and request.user.is_staff
@@ -443,7 +482,6 @@ class TemplateDetailApi(APIView):
     )
     def put(self, request: Request, template_id: int) -> Response:
         template = _owned_template(request, template_id)
-        _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         template = services.template_save(
@@ -479,10 +517,12 @@ class TemplateExportApi(APIView):
         parameters=[QuerySerializer],
         responses={
             (200, "application/yaml"): OpenApiResponse(
-                OpenApiTypes.STR, description="The template as a YAML document (`?format=yaml`)."
+                openapi_schema(DOCUMENT_SCHEMA),
+                description="The template as a YAML document (`?format=yaml`).",
             ),
             (200, "application/json"): OpenApiResponse(
-                OpenApiTypes.OBJECT, description="The template as a JSON document (`?format=json`)."
+                openapi_schema(DOCUMENT_SCHEMA),
+                description="The template as a JSON document (`?format=json`).",
             ),
         },
     )
@@ -510,7 +550,7 @@ def _attachment(filename: str) -> str:
 
 
 class TemplateImportApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "TemplateImportInput"
 
@@ -519,7 +559,6 @@ class TemplateImportApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={201: TemplateSerializer, **errors(409)})
     def post(self, request: Request) -> Response:
-        _refuse_unknown_fields(request, self.InputSerializer)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         document = parse_template_document(
@@ -544,7 +583,7 @@ class FolderSerializer(serializers.Serializer):
 
 
 class FolderListCreateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "FolderCreateInput"
 

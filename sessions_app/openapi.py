@@ -52,7 +52,23 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
 
 
 class AutoSchema(SpectacularAutoSchema):
-    """drf-spectacular's schema, with the error codes each operation can answer."""
+    """drf-spectacular's schema, with the error codes each operation can answer.
+
+    Bodies are documented as JSON only: that is the API. (DRF's form parsers
+    stay for its browsable pages; daphne itself answers a malformed multipart
+    body with a bare 400 before any view runs.) An input that refuses unknown
+    fields (``refuses_unknown_fields``) is documented as closed.
+    """
+
+    def map_parsers(self) -> list[str]:
+        media_types: list[str] = super().map_parsers()
+        return [m for m in media_types if m == "application/json"] or media_types
+
+    def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
+            schema["additionalProperties"] = False
+        return schema
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses: dict[str, Any] = super()._get_response_bodies(direction)

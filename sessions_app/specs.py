@@ -27,15 +27,19 @@ from typing import Any
 
 import jsonschema
 
+from bai_common.jsonlimits import lone_surrogate_at
+
 # Field name -> JSON schema. Unknown fields are refused with their name. Every
 # string, number, list and mapping is bounded here, where a spec enters (the
 # API, template import), so nothing unbounded reaches the database or a pass.
 # ``x-errors`` words a failed check for users: validator -> message, formatted
 # with ``value`` (the bad value) and ``key`` (its name inside a mapping).
-# No NUL and no lone surrogate: PostgreSQL cannot store the one, UTF-8 cannot
-# encode the other. (Line breaks are allowed, so Python's ``$``, which also
-# matches before a final line break, lets nothing through here.)
-NO_NUL = "^[^\\x00\\ud800-\\udfff]*$"
+# No NUL: PostgreSQL cannot store it. (Line breaks are allowed, so Python's
+# ``$``, which also matches before a final line break, lets nothing through.)
+# Lone surrogates, which UTF-8 cannot encode, are refused by ``spec_errors``
+# anywhere in a spec: a pattern for them is one that API tools cannot use.
+NO_NUL = "^[^\\x00]*$"
+INVALID_UNICODE = "holds invalid Unicode (a lone surrogate)"
 MAX_CLUSTER_SIZE = 256
 MAX_BATCH_TIMEOUT = 366 * 86400  # seconds
 MAX_ENV_VARS = 128
@@ -46,7 +50,7 @@ MAX_LIST = 64
 def _text(max_length: int, **extra: Any) -> dict[str, Any]:
     words = {
         "maxLength": f"at most {max_length} characters",
-        "pattern": "must not contain a NUL character or invalid Unicode",
+        "pattern": "must not contain a NUL character",
     }
     return {
         "type": "string",
@@ -59,7 +63,7 @@ def _text(max_length: int, **extra: Any) -> dict[str, Any]:
 
 _NAME_WORDS = {
     "maxLength": "{value!r}: the name is too long",
-    "pattern": "{value!r}: a name must not hold a NUL character or invalid Unicode",
+    "pattern": "{value!r}: a name must not hold a NUL character",
 }
 _SLOT_VALUE = {
     "type": ["string", "number"],
@@ -131,7 +135,7 @@ SPEC_PROPERTIES: dict[str, Any] = {
             "x-errors": {
                 "type": "{key}: the value must be a string",
                 "maxLength": f"{{key}}: the value is longer than {MAX_ENV_VALUE} characters",
-                "pattern": "{key}: the value holds a NUL character or invalid Unicode",
+                "pattern": "{key}: the value holds a NUL character",
             },
         },
         "x-errors": {
@@ -175,12 +179,13 @@ TEMPLATE_NAME: dict[str, Any] = {
     "minLength": 1,
     "maxLength": 64,
     # Python's ``$`` also matches before a final line break: the service
-    # (``validate_template_fields``) checks the whole name too.
-    "pattern": "^[^\\x00-\\x1f\\x7f\\ud800-\\udfff]*$",
+    # (``templates.validate_template_fields``) checks the whole name, and
+    # lone surrogates, too.
+    "pattern": "^[^\\x00-\\x1f\\x7f]*$",
     "x-errors": {
         "minLength": "is required",
         "maxLength": "at most 64 characters",
-        "pattern": "must not contain line breaks, tabs, other control characters or invalid Unicode",
+        "pattern": "must not contain line breaks, tabs or other control characters",
     },
 }
 TEMPLATE_DESCRIPTION: dict[str, Any] = _text(255)
@@ -247,9 +252,14 @@ def spec_errors(spec: Any, schema: dict[str, Any] = LAUNCH_SCHEMA) -> dict[str, 
             for name in sorted(set(spec) - set(schema["properties"])):
                 errors.setdefault(name, []).append("unknown field")
             continue
-        field = ".".join(path[:3]) if path[:1] == ["roles"] else (path[0] if path else "spec")
-        errors.setdefault(field, []).append(error_message(error))
+        errors.setdefault(_field(path), []).append(error_message(error))
+    if not errors and (where := lone_surrogate_at(spec)) is not None:
+        errors[_field([str(p) for p in where])] = [INVALID_UNICODE]
     return errors
+
+
+def _field(path: list[str]) -> str:
+    return ".".join(path[:3]) if path[:1] == ["roles"] else (path[0] if path else "spec")
 
 
 MERGED_MAPPINGS = ("resources", "env")
@@ -282,27 +292,13 @@ def merge_spec(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 
 
 def openapi_schema(schema: Any) -> Any:
-    """The same schema for OpenAPI 3.0 (the API's documentation): a list of types
-    becomes ``oneOf`` (or ``nullable``). The users' words (``x-errors``) stay
-    server-side: they reach users in the error responses, and a mapping with a
-    ``pattern`` key inside a schema reads as a regular expression to tools."""
+    """The same schema for the API's documentation (OpenAPI 3.1, whose schemas
+    are JSON Schema 2020-12 like these: every bound is documented as it is
+    enforced). The users' words (``x-errors``) stay server-side: they reach
+    users in the error responses, and a mapping with a ``pattern`` key inside
+    a schema reads as a regular expression to tools."""
     if isinstance(schema, list):
         return [openapi_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: openapi_schema(value) for key, value in schema.items() if key != "x-errors"}
-    types = out.get("type")
-    if isinstance(types, list):
-        kinds = [t for t in types if t != "null"]
-        if "null" in types:
-            out["nullable"] = True
-        if len(kinds) == 1:
-            out["type"] = kinds[0]
-        else:
-            del out["type"]
-            out["oneOf"] = [{"type": kind} for kind in kinds]
-    if "exclusiveMinimum" in out and not isinstance(out["exclusiveMinimum"], bool):
-        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
-    if "propertyNames" in out:  # not in OpenAPI 3.0; enforced by the API all the same
-        del out["propertyNames"]
-    return out
+    return {key: openapi_schema(value) for key, value in schema.items() if key != "x-errors"}

@@ -33,10 +33,11 @@ from typing import Any
 import jsonschema
 import yaml
 
-from bai_common.jsonlimits import lone_surrogate, nesting_beyond
+from bai_common.jsonlimits import lone_surrogate, lone_surrogate_at, nesting_beyond
 
 from .errors import InvalidInput
 from .specs import (
+    INVALID_UNICODE,
     ROLE_PROPERTIES,
     SPEC_PROPERTIES,
     SPEC_SCHEMA,
@@ -84,7 +85,7 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
     if error.validator == "additionalProperties":
         known = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(known))
-        name = f"{path}.{extra[0]}" if path else extra[0]
+        name = f"{path}.{extra[0]}" if path else (extra[0] or "document")
         message = f"unknown field {extra[0]!r}"
         close = difflib.get_close_matches(str(extra[0]), known, n=1)
         if close:
@@ -109,6 +110,9 @@ def validate_template_spec(spec: Any) -> dict[str, Any]:
             fields.setdefault(f"spec.{name}", []).append(message)
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+    if (where := lone_surrogate_at(spec)) is not None:
+        name = ".".join(["spec", *map(str, where)])
+        raise InvalidInput(f"{name}: {INVALID_UNICODE}", {name: [INVALID_UNICODE]})
     return spec
 
 
@@ -118,7 +122,7 @@ _FIELDS_SCHEMA: dict[str, Any] = {
 }
 # The whole name, as the schema's pattern says (whose ``$`` Python lets match
 # before a final line break).
-_NAME_CHARACTERS = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]*")
+_NAME_CHARACTERS = re.compile(r"[^\x00-\x1f\x7f]*")
 
 
 def validate_template_fields(*, name: Any, description: Any) -> None:
@@ -132,6 +136,9 @@ def validate_template_fields(*, name: Any, description: Any) -> None:
         fields["name"] = ["is required"]
     elif "name" not in fields and not _NAME_CHARACTERS.fullmatch(name):
         fields["name"] = [TEMPLATE_NAME["x-errors"]["pattern"]]
+    for field, value in (("name", name), ("description", description)):
+        if field not in fields and lone_surrogate(value):
+            fields[field] = [INVALID_UNICODE]
     if fields:
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
@@ -169,6 +176,8 @@ def parse_template_document(text: str, fmt: str) -> dict[str, Any]:
             fields.setdefault(name, []).append(f"line {line}: {message}" if line else message)
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+    if (where := lone_surrogate_at(data)) is not None:
+        _refuse([(".".join(map(str, where)), _line_of(node, list(where)), INVALID_UNICODE)])
     try:  # what the schema's pattern cannot say (a final line break in the name)
         validate_template_fields(name=data["name"], description=data.get("description", ""))
     except InvalidInput as exc:
@@ -338,6 +347,10 @@ def _refuse_unsafe_nodes(loader: _Loader, root: yaml.Node) -> None:
         elif isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
             for key, _value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag in PLAIN_TAGS:
+                    # Every key of a template is a name: ``ON:``, ``1:`` or an
+                    # empty key stay the text they are, not True, 1 or None.
+                    key.tag = _YAML + "str"
                 if not isinstance(key, yaml.ScalarNode):
                     line = key.start_mark.line + 1
                     problems.append(

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.views import defaults
 
 from . import selectors
 from .api import SessionDetailSerializer
@@ -93,3 +94,32 @@ def session_terminal(request: HttpRequest, session_id: str) -> HttpResponse:
             "data": {"id": str(session.pk), "name": session.name, "status": session.status},
         },
     )
+
+
+# --- error pages: HTML for people, the API's JSON under /api/ -------------------------
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def _api_error(message: str, status: int) -> JsonResponse:
+    return JsonResponse({"message": message, "extra": {}}, status=status)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return _api_error("The request is malformed.", 400)
+    return defaults.bad_request(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return _api_error("No such API endpoint or object.", 404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return _api_error("The server could not finish this request; it has been logged.", 500)
+    return defaults.server_error(request)

@@ -494,6 +494,17 @@ def test_a_deep_json_document_is_refused_before_it_is_decoded():
     _refused_within(2.0, "[" * 60_000 + "]" * 5_000, "json")
 
 
+@pytest.mark.parametrize("text", ["?", "{? : 1}", "- ?\n"])
+def test_an_empty_key_is_an_unknown_field_not_a_crash(text):
+    assert refusal(text).fields
+
+
+def test_every_key_is_a_name_even_one_yaml_would_read_as_a_boolean_or_a_number():
+    text = 'name: t\nspec:\n  env: {ON: "1", 1: "2", null: "3"}\n'
+    env = parse_template_document(text, "yaml")["spec"]["env"]
+    assert env == {"ON": "1", "1": "2", "null": "3"}
+
+
 def test_refusals_cut_a_long_bad_value_short():
     error = refusal("[" + ",".join(["1"] * 20_000) + "]")
     assert len(error.message) < 300

@@ -260,7 +260,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "sessions_app.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "sessions_app.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
@@ -275,6 +275,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # No badge fetched from validator.swagger.io.
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    # JSON Schema 2020-12, as the launch spec is written (propertyNames, type lists).
+    "OAS_VERSION": "3.1.0",
 }
 
 # --- domain settings -------------------------------------------------------

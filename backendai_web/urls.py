@@ -14,3 +14,8 @@ urlpatterns = [
     path("api/v1/", include("sessions_app.urls_api")),
     path("", include("sessions_app.urls")),
 ]
+
+# Under /api/ an error is the API's JSON, even where no API view was reached.
+handler400 = "sessions_app.views.bad_request"
+handler404 = "sessions_app.views.page_not_found"
+handler500 = "sessions_app.views.server_error"

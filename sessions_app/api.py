@@ -4,14 +4,18 @@ the selectors, call one service, serialise."""
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from django.contrib.auth import authenticate
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from django.utils import timezone
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from drf_spectacular.utils import (
     OpenApiParameter,
+    OpenApiResponse,
     extend_schema,
     extend_schema_field,
     inline_serializer,
@@ -26,11 +30,25 @@ from rest_framework.views import APIView
 from . import deadlines, selectors, services, tokens
 from . import slots as slotlib
 from .auth import LoginFailureThrottle
-from .errors import ApplicationError, InvalidInput, NotFound, TooManyRequests, field_error
-from .models import Kernel, ResourcePreset, Session, SessionTemplate
+from .errors import (
+    ApplicationError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    TooManyRequests,
+    field_error,
+)
+from .launch import FOLDER_NAME
+from .models import Kernel, ResourcePreset, Session, SessionTemplate, Status
+from .openapi import errors
 from .preview import VERDICTS, launch_preview
-from .specs import LAUNCH_SCHEMA, openapi_schema
-from .templates import export_template_document, parse_template_document
+from .specs import LAUNCH_SCHEMA, SPEC_SCHEMA, TEMPLATE_NAME, openapi_schema
+from .templates import (
+    DOCUMENT_SCHEMA,
+    FORMATS,
+    export_template_document,
+    parse_template_document,
+)
 
 MAX_LIST = 500
 
@@ -44,16 +62,77 @@ def _touch(session: Session, request: Request) -> None:
             session.last_activity_at = now  # so the response shows the moved idle deadline
 
 
-def _refuse_unknown_fields(request: Request, serializer: type[serializers.Serializer]) -> None:
-    """A misspelt field is an error naming it, never silently dropped."""
-    if not isinstance(request.data, dict):
-        raise InvalidInput("The body must be a JSON object.")
-    unknown = sorted(set(request.data) - set(serializer().fields))
-    if unknown:
+class QueryFlag(serializers.BooleanField):
+    """A yes/no query parameter: ``true``/``false`` (or ``1``/``0``), nothing looser."""
+
+    TRUE_VALUES = {"true", "1"}
+    FALSE_VALUES = {"false", "0"}
+    NULL_VALUES: set[str] = set()
+
+
+def _query(request: Request, serializer: type[serializers.Serializer]) -> dict[str, Any]:
+    """A view's query parameters, validated like a body: a NUL anywhere in the
+    query is refused (it would reach the database), and so is a parameter
+    given twice (which value would count?)."""
+    params = request.query_params
+    for key, values in params.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            name = key.replace("\x00", "\\x00")
+            raise InvalidInput(
+                f"{name}: a query parameter must not contain a NUL character",
+                {name: ["must not contain a NUL character"]},
+            )
+    fields = serializer().fields
+    repeated = [name for name in fields if len(params.getlist(name)) > 1]
+    if repeated:
         raise InvalidInput(
-            f"unknown field: {', '.join(unknown)}",
-            {name: ["unknown field"] for name in unknown},
+            f"{repeated[0]}: given more than once",
+            {name: ["given more than once"] for name in repeated},
         )
+    data = serializer(data={name: params[name] for name in fields if name in params})
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
+
+
+class StrictInputSerializer(serializers.Serializer):
+    """Fields not listed here are refused, each named in the error."""
+
+    # A misspelt field is never silently dropped; the OpenAPI document says so
+    # (``additionalProperties: false``, openapi.AutoSchema).
+    refuses_unknown_fields = True
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise InvalidInput(
+                    f"unknown field: {', '.join(map(str, unknown))}",
+                    {str(name): ["unknown field"] for name in unknown},
+                )
+            if not isinstance(data, QueryDict):  # a form's values are all text
+                _refuse_loose_types(self, data)
+        return super().to_internal_value(data)
+
+
+# DRF turns 0 into "0" and False, and 1 into True: in JSON a string is a
+# string and a boolean a boolean, as the OpenAPI document says.
+_JSON_TYPES = (
+    (serializers.BooleanField, bool, "must be true or false"),
+    (serializers.CharField, str, "must be a string"),
+)
+
+
+def _refuse_loose_types(serializer: serializers.Serializer, data: Mapping[str, Any]) -> None:
+    wrong: dict[str, list[str]] = {}
+    for name, field in serializer.fields.items():
+        value = data.get(name)
+        if name not in data or (value is None and field.allow_null):
+            continue
+        for kind, python_type, message in _JSON_TYPES:
+            if isinstance(field, kind) and not isinstance(value, python_type):
+                wrong[name] = [message]
+    if wrong:
+        raise serializers.ValidationError(wrong)
 
 
 # --- auth -------------------------------------------------------------------
@@ -301,24 +380,27 @@ class SessionDetailSerializer(SessionOutputSerializer):
 
 
 class SessionListCreateApi(APIView):
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("all", bool, description="Admins: every user's sessions."),
-            OpenApiParameter("status", str, description="Filter by status, e.g. RUNNING."),
-        ],
-        responses=SessionOutputSerializer(many=True),
-    )
+    class QuerySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "SessionListQuery"
+
+        all = QueryFlag(required=False, default=False, help_text="Admins: every user's sessions.")
+        status = serializers.ChoiceField(
+            choices=Status.values, required=False, help_text="Only sessions in this status."
+        )
+
+    @extend_schema(parameters=[QuerySerializer], responses=SessionOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        include_all = request.query_params.get("all") in ("1", "true")
-        qs = selectors.sessions_for_user(user=request.user, include_all=include_all)
-        if wanted := request.query_params.get("status"):
-            qs = qs.filter(status=wanted.upper())
+        query = _query(request, self.QuerySerializer)
+        qs = selectors.sessions_for_user(user=request.user, include_all=query["all"])
+        if "status" in query:
+            qs = qs.filter(status=query["status"])
         qs = qs.prefetch_related("mounts", "depends_on")
         return Response(SessionOutputSerializer(qs[:MAX_LIST], many=True).data)
 
     @extend_schema(
         request={"application/json": openapi_schema(LAUNCH_SCHEMA)},
-        responses={201: SessionDetailSerializer},
+        responses={201: SessionDetailSerializer, **errors(403, 409)},
     )
     def post(self, request: Request) -> Response:
         # The shape is checked once, by the launch schema (launch.plan_launch).
@@ -435,13 +517,13 @@ class SessionDetailApi(APIView):
 
 
 class SessionTerminateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "SessionTerminateInput"
 
         reason = serializers.CharField(required=False, max_length=200)
 
-    @extend_schema(request=InputSerializer, responses=SessionDetailSerializer)
+    @extend_schema(request=InputSerializer, responses={200: SessionDetailSerializer, **errors(409)})
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.get_session_for_user(user=request.user, session_id=session_id)
         data = self.InputSerializer(data=request.data)
@@ -502,12 +584,24 @@ class TemplateSerializer(serializers.ModelSerializer):
         ]
 
 
-class TemplateInputSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=64)
-    description = serializers.CharField(
-        max_length=255, required=False, allow_blank=True, default=""
+@extend_schema_field(openapi_schema(SPEC_SCHEMA))
+class SpecField(serializers.JSONField):
+    """A launch spec, validated by the service against ``specs.SPEC_SCHEMA``."""
+
+
+class TemplateInputSerializer(StrictInputSerializer):
+    # The service judges name and description (``templates.validate_template_fields``);
+    # the pattern documents the name's rule.
+    name = serializers.RegexField(
+        TEMPLATE_NAME["pattern"],
+        max_length=64,
+        trim_whitespace=False,
+        error_messages={"invalid": TEMPLATE_NAME["x-errors"]["pattern"]},
     )
-    spec = serializers.JSONField()
+    description = serializers.CharField(
+        max_length=255, required=False, allow_blank=True, default="", trim_whitespace=False
+    )
+    spec = SpecField()
     is_shared = serializers.BooleanField(required=False, default=False)
 
 
@@ -519,7 +613,7 @@ def _owned_template(request: Request, template_id: int) -> SessionTemplate:
     if selectors.template_can_change(user=request.user, template=template):
         return template
     if template.is_shared or template.owner_id is None:
-        raise ApplicationError("This shared template belongs to the admins; you may only use it.")
+        raise Forbidden("This shared template belongs to the admins; you may only use it.")
     raise NotFound("No such template.")
 
 
@@ -529,19 +623,23 @@ def _visible_template(request: Request, template_id: int) -> SessionTemplate:
 
 
 class TemplateListCreateApi(APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("all", bool, description="Admins: every user's templates.")],
-        responses=TemplateSerializer(many=True),
-    )
+    class QuerySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TemplateListQuery"
+
+        all = QueryFlag(required=False, default=False, help_text="Admins: every user's templates.")
+
+    @extend_schema(parameters=[QuerySerializer], responses=TemplateSerializer(many=True))
     def get(self, request: Request) -> Response:
-        include_all = request.query_params.get("all") in ("1", "true")
-        qs = selectors.templates_for_user(user=request.user, include_all=include_all)
+        query = _query(request, self.QuerySerializer)
+        qs = selectors.templates_for_user(user=request.user, include_all=query["all"])
         qs = qs.select_related("owner")
         return Response(TemplateSerializer(qs, many=True).data)
 
-    @extend_schema(request=TemplateInputSerializer, responses={201: TemplateSerializer})
+    @extend_schema(
+        request=TemplateInputSerializer, responses={201: TemplateSerializer, **errors(409)}
+    )
     def post(self, request: Request) -> Response:
-        _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         shared = data.validated_data["is_shared"] and request.user.is_staff
@@ -560,10 +658,11 @@ class TemplateDetailApi(APIView):
     def get(self, request: Request, template_id: int) -> Response:
         return Response(TemplateSerializer(_visible_template(request, template_id)).data)
 
-    @extend_schema(request=TemplateInputSerializer, responses=TemplateSerializer)
+    @extend_schema(
+        request=TemplateInputSerializer, responses={200: TemplateSerializer, **errors(409)}
+    )
     def put(self, request: Request, template_id: int) -> Response:
         template = _owned_template(request, template_id)
-        _refuse_unknown_fields(request, TemplateInputSerializer)
         data = TemplateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         template = services.template_save(
@@ -589,14 +688,28 @@ class TemplateExportApi(APIView):
         renderer = JSONRenderer()
         return renderer, renderer.media_type
 
+    class QuerySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TemplateExportQuery"
+
+        format = serializers.ChoiceField(choices=FORMATS, default="yaml")
+
     @extend_schema(
-        parameters=[OpenApiParameter("format", str, enum=["yaml", "json"])], responses=str
+        parameters=[QuerySerializer],
+        responses={
+            (200, "application/yaml"): OpenApiResponse(
+                openapi_schema(DOCUMENT_SCHEMA),
+                description="The template as a YAML document (`?format=yaml`).",
+            ),
+            (200, "application/json"): OpenApiResponse(
+                openapi_schema(DOCUMENT_SCHEMA),
+                description="The template as a JSON document (`?format=json`).",
+            ),
+        },
     )
     def get(self, request: Request, template_id: int) -> HttpResponse:
         template = _visible_template(request, template_id)
-        fmt = request.query_params.get("format", "yaml")
-        if fmt not in ("yaml", "json"):
-            raise InvalidInput("format: use yaml or json", {"format": ["use yaml or json"]})
+        fmt = _query(request, self.QuerySerializer)["format"]
         text = export_template_document(
             name=template.name, description=template.description, spec=template.spec, fmt=fmt
         )
@@ -604,21 +717,29 @@ class TemplateExportApi(APIView):
         response = HttpResponse(
             text, content_type="application/json" if fmt == "json" else "application/yaml"
         )
-        response["Content-Disposition"] = f'attachment; filename="{template.name}.{fmt}"'
+        response["Content-Disposition"] = _attachment(f"{template.name}.{fmt}")
         return response
 
 
+def _attachment(filename: str) -> str:
+    """``Content-Disposition`` for a download, whatever the name holds (a name
+    stored before control characters were refused must not break the header):
+    an ASCII fallback, and the name itself as RFC 6266's ``filename*``."""
+    printable = "".join(c if c.isprintable() else "_" for c in filename)
+    fallback = re.sub(r"[^A-Za-z0-9._-]", "_", printable)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(printable, safe='')}"
+
+
 class TemplateImportApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "TemplateImportInput"
 
         format = serializers.ChoiceField(choices=["yaml", "json"], default="yaml")
         document = serializers.CharField(max_length=64 * 1024, trim_whitespace=False)
 
-    @extend_schema(request=InputSerializer, responses={201: TemplateSerializer})
+    @extend_schema(request=InputSerializer, responses={201: TemplateSerializer, **errors(409)})
     def post(self, request: Request) -> Response:
-        _refuse_unknown_fields(request, self.InputSerializer)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         document = parse_template_document(
@@ -643,11 +764,19 @@ class FolderSerializer(serializers.Serializer):
 
 
 class FolderListCreateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "FolderCreateInput"
 
-        name = serializers.CharField(max_length=64)
+        # The service judges the whole name (``launch.FOLDER_NAME``); the pattern documents it.
+        name = serializers.RegexField(
+            f"^{FOLDER_NAME.pattern}$",
+            max_length=64,
+            trim_whitespace=False,
+            error_messages={
+                "invalid": "use up to 64 letters, digits, '_' or '-', starting with a letter or digit"
+            },
+        )
 
     @extend_schema(responses=FolderSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -655,7 +784,7 @@ class FolderListCreateApi(APIView):
             FolderSerializer(selectors.folders_for_user(user=request.user), many=True).data
         )
 
-    @extend_schema(request=InputSerializer, responses={201: FolderSerializer})
+    @extend_schema(request=InputSerializer, responses={201: FolderSerializer, **errors(409)})
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -664,7 +793,7 @@ class FolderListCreateApi(APIView):
 
 
 class FolderDeleteApi(APIView):
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None, **errors(409)})
     def delete(self, request: Request, folder_id: int) -> Response:
         folder = selectors.folders_for_user(user=request.user).filter(pk=folder_id).first()
         if folder is None:

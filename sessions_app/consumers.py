@@ -7,7 +7,10 @@ sends ``{"type": "error", "code", "message"}`` before closing with that code,
 so the page can say why (a close during the handshake reaches the browser as a
 bare 1006). Close codes:
 
-- 4400 bad input (a malformed message or parameter)
+- 4400 bad input: a malformed parameter, or a frame that is not a JSON object
+  (too big, nested too deep, holding a lone surrogate, binary); the stream
+  cannot trust what follows it. A well-formed message the stream does not
+  understand is answered with an error and the stream stays open.
 - 4401 not logged in
 - 4404 no such session or kernel, or not yours (ids do not leak)
 - 4409 the session is not running yet (the page retries)
@@ -36,6 +39,7 @@ from django.conf import settings
 
 from agent import protocol
 from backendai_web.websockets import LoopDispatch
+from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
 from . import selectors, services, terminals
 from .errors import NotFound
@@ -61,6 +65,10 @@ TOUCH_FLUSH_GAP = 1.0
 MAX_TERM_SIZE = 1000
 # A session that is ending has no shell to offer any more.
 ENDING = TERMINAL | {Status.TERMINATING}
+# Browser frames: every message is a flat JSON object; a stream that only
+# takes pings reads small ones.
+MAX_FRAME_DEPTH = 4
+MAX_CONTROL_FRAME = 4096
 
 
 def _user(scope: dict[str, Any]) -> Any:
@@ -94,6 +102,29 @@ class _Refusing:
         await super().accept(subprotocol)  # type: ignore[misc]
 
 
+class BadFrame(Exception):
+    """A frame that is not a message: the socket closes with 4400 and this reason."""
+
+
+def _parse(text_data: str | None, max_chars: int = MAX_CONTROL_FRAME) -> dict[str, Any]:
+    """A browser frame as a message, at bounded cost, or BadFrame saying why."""
+    if text_data is None:
+        raise BadFrame("send JSON text frames, not binary ones")
+    if len(text_data) > max_chars:
+        raise BadFrame(f"a frame of {len(text_data)} characters; the limit is {max_chars}")
+    if nesting_beyond(text_data, MAX_FRAME_DEPTH) is not None:
+        raise BadFrame(f"a message nested deeper than {MAX_FRAME_DEPTH} levels")
+    try:
+        message = json.loads(text_data)
+    except ValueError as exc:
+        raise BadFrame(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise BadFrame("a message must be a JSON object")
+    if lone_surrogate(message):
+        raise BadFrame("a message must be valid Unicode (it holds a lone surrogate)")
+    return message
+
+
 class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
     """Pushes ``{"type": "sessions.changed", "sessions": [{id, kernel, status, reason}]}``
     for the user's own sessions (``live.session_changed``)."""
@@ -113,18 +144,17 @@ class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = _parse(text_data)
+        except BadFrame as exc:
+            await self.refuse(CLOSE_BAD_INPUT, str(exc))
+            return
         # Nothing to ask of this stream; keep-alive pings are answered.
-        if isinstance(content, dict) and content.get("type") == "ping":
+        if message.get("type") == "ping":
             await self.send_json({"type": "pong"})
         else:
             await self.send_json({"type": "error", "message": "only ping is understood here"})
-
-    async def decode_json(self, text_data: str) -> Any:
-        try:
-            return json.loads(text_data)
-        except ValueError:
-            return None
 
     async def sessions_changed(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "sessions.changed", "sessions": event["sessions"]})
@@ -343,8 +373,12 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
             self.owner_group = None
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        message = _parse(text_data)
-        if message is not None and message.get("type") == "ping":
+        try:
+            message = _parse(text_data)
+        except BadFrame as exc:
+            await self.refuse(CLOSE_BAD_INPUT, str(exc))
+            return
+        if message.get("type") == "ping":
             await self._send_json({"type": "pong"})
         else:
             await self._send_json({"type": "error", "message": "only ping is understood here"})
@@ -368,16 +402,6 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
 
 
 # --- terminal --------------------------------------------------------------
-
-
-def _parse(text_data: str | None) -> dict[str, Any] | None:
-    if text_data is None:
-        return None
-    try:
-        message = json.loads(text_data)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
 
 
 def _term_size(message: dict[str, Any]) -> tuple[int, int] | None:
@@ -531,10 +555,15 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.term_id is None:
             return
-        message = _parse(text_data)
-        kind = message.get("type") if message is not None else None
+        try:
+            # Input of max_input bytes may take six characters a byte as JSON escapes.
+            message = _parse(text_data, 6 * self.max_input + MAX_CONTROL_FRAME)
+        except BadFrame as exc:
+            await self.refuse(CLOSE_BAD_INPUT, str(exc))
+            return
+        kind = message.get("type")
         if kind == "input":
-            data = message.get("data")  # type: ignore[union-attr]
+            data = message.get("data")
             if not isinstance(data, str):
                 await self._error("input: data must be a string")
             elif len(data) > self.max_input or len(data.encode("utf-8")) > self.max_input:
@@ -548,7 +577,7 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
                 )
                 self.touch_soon()
         elif kind == "resize":
-            size = _term_size(message)  # type: ignore[arg-type]
+            size = _term_size(message)
             if size is None:
                 await self._error(f"resize: cols and rows must be whole numbers 1..{MAX_TERM_SIZE}")
             else:

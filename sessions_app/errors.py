@@ -83,7 +83,31 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
+def _printable(value: Any) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD: an error may echo
+    what the client sent (an unknown field's name), and a lone surrogate
+    cannot be encoded as UTF-8 on its way out."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+        return value
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(v) for v in value]
+    return value
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    response = _error_response(exc, context)
+    if response is not None:
+        response.data = _printable(response.data)
+    return response
+
+
+def _error_response(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
         headers = (
             {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooManyRequests) else None

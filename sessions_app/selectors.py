@@ -72,6 +72,8 @@ def get_session_for_user(*, user: AbstractBaseUser, session_id: object) -> Sessi
 def get_kernel_for_user(*, user: AbstractBaseUser, session_id: object, kernel_ref: str) -> Kernel:
     """A kernel by id or by hostname (``main1``, ``sub2``) within a visible session."""
     session = get_session_for_user(user=user, session_id=session_id)
+    if "\x00" in kernel_ref or len(kernel_ref) > 64:  # never a hostname, and NUL breaks the query
+        raise NotFound("No such kernel in this session.")
     lookup = Q(cluster_hostname=kernel_ref)
     pk = as_uuid(kernel_ref)
     if pk is not None:

@@ -344,11 +344,10 @@ def template_save(
     is_shared: bool = False,
     template: SessionTemplate | None = None,
 ) -> SessionTemplate:
-    from .templates import validate_template_spec
+    from .templates import validate_template_fields, validate_template_spec
 
     spec = validate_template_spec(spec)
-    if not isinstance(name, str) or not name.strip():
-        raise field_error("name", "is required")
+    validate_template_fields(name=name, description=description)
     qs = SessionTemplate.objects.filter(owner=owner, name=name)
     if template is not None:
         qs = qs.exclude(pk=template.pk)
@@ -362,5 +361,12 @@ def template_save(
     template.description = description
     template.spec = spec
     template.is_shared = is_shared
-    template.save()
+    try:
+        with transaction.atomic():
+            template.save()
+    except IntegrityError:
+        # Another request saved the same name since the check above.
+        raise Conflict(
+            f"A template named {name!r} exists already.", {"fields": {"name": ["already exists"]}}
+        ) from None
     return template

@@ -22,16 +22,24 @@ Merging a template with launch overrides (``merge_spec``), field by field:
 from __future__ import annotations
 
 import copy
+import reprlib
 from typing import Any
 
 import jsonschema
+
+from bai_common.jsonlimits import lone_surrogate_at
 
 # Field name -> JSON schema. Unknown fields are refused with their name. Every
 # string, number, list and mapping is bounded here, where a spec enters (the
 # API, template import), so nothing unbounded reaches the database or a pass.
 # ``x-errors`` words a failed check for users: validator -> message, formatted
 # with ``value`` (the bad value) and ``key`` (its name inside a mapping).
+# No NUL: PostgreSQL cannot store it. (Line breaks are allowed, so Python's
+# ``$``, which also matches before a final line break, lets nothing through.)
+# Lone surrogates, which UTF-8 cannot encode, are refused by ``spec_errors``
+# anywhere in a spec: a pattern for them is one that API tools cannot use.
 NO_NUL = "^[^\\x00]*$"
+INVALID_UNICODE = "holds invalid Unicode (a lone surrogate)"
 MAX_CLUSTER_SIZE = 256
 MAX_BATCH_TIMEOUT = 366 * 86400  # seconds
 MAX_ENV_VARS = 128
@@ -53,15 +61,23 @@ def _text(max_length: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+_NAME_WORDS = {
+    "maxLength": "{value!r}: the name is too long",
+    "pattern": "{value!r}: a name must not hold a NUL character",
+}
 _SLOT_VALUE = {
     "type": ["string", "number"],
     "maxLength": 64,
-    "x-errors": {"type": "{key}: {value!r} is not a number"},
+    "pattern": NO_NUL,
+    "x-errors": {
+        "type": "{key}: {value!r} is not a number",
+        "pattern": "{key}: {value!r} is not a number",
+    },
 }
 _SLOTS = {
     "type": "object",
     "maxProperties": 32,
-    "propertyNames": {"maxLength": 64},
+    "propertyNames": {"maxLength": 64, "pattern": NO_NUL, "x-errors": _NAME_WORDS},
     "additionalProperties": _SLOT_VALUE,
     "x-errors": {"type": 'must be an object like {{"cpu": 1, "mem": "1g"}}'},
 }
@@ -113,7 +129,7 @@ SPEC_PROPERTIES: dict[str, Any] = {
     "env": {
         "type": "object",
         "maxProperties": MAX_ENV_VARS,
-        "propertyNames": {"maxLength": 256},
+        "propertyNames": {"maxLength": 256, "pattern": NO_NUL, "x-errors": _NAME_WORDS},
         "additionalProperties": {
             **_text(MAX_ENV_VALUE),
             "x-errors": {
@@ -134,7 +150,7 @@ SPEC_PROPERTIES: dict[str, Any] = {
         "items": _text(64),
         "x-errors": {"type": "must be a list of session ids"},
     },
-    "starts_at": {"type": ["string", "null"], "maxLength": 64},
+    "starts_at": {"type": ["string", "null"], "maxLength": 64, "pattern": NO_NUL},
     "batch_timeout": {
         "type": ["number", "null"],
         "exclusiveMinimum": 0,
@@ -156,6 +172,23 @@ SPEC_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": SPEC_PROPERTIES,
 }
+# A template's own fields. Its name becomes a file name on export
+# (Content-Disposition), so no control character may hide in it.
+TEMPLATE_NAME: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    # Python's ``$`` also matches before a final line break: the service
+    # (``templates.validate_template_fields``) checks the whole name, and
+    # lone surrogates, too.
+    "pattern": "^[^\\x00-\\x1f\\x7f]*$",
+    "x-errors": {
+        "minLength": "is required",
+        "maxLength": "at most 64 characters",
+        "pattern": "must not contain line breaks, tabs or other control characters",
+    },
+}
+TEMPLATE_DESCRIPTION: dict[str, Any] = _text(255)
 # A launch: a spec, plus the template it starts from and (admins only) the
 # agents it is pinned to.
 LAUNCH_PROPERTIES: dict[str, Any] = {
@@ -175,13 +208,36 @@ LAUNCH_SCHEMA: dict[str, Any] = {
 }
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+class _Shown:
+    """A bad value as a message shows it: cut short (it may be 60 KB of text)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return _SHORT.repr(self.value)
+
+    def __str__(self) -> str:
+        text = str(self.value)
+        return text if len(text) <= 80 else repr(self)
+
+
 def error_message(error: jsonschema.ValidationError) -> str:
-    """A failed schema check in users' words (``x-errors``), else the validator's."""
+    """A failed schema check in users' words (``x-errors``), else the validator's,
+    with the bad value cut short."""
     template = (error.schema.get("x-errors") or {}).get(error.validator)
     if template is None:
-        return str(error.message)
+        message = str(error.message)
+        whole = repr(error.instance)
+        if len(whole) > 80 and message.startswith(whole):
+            message = repr(_Shown(error.instance)) + message[len(whole) :]
+        return message
     key = error.absolute_path[-1] if error.absolute_path else ""
-    return str(template).format(value=error.instance, key=key)
+    return str(template).format(value=_Shown(error.instance), key=_Shown(key))
 
 
 def spec_errors(spec: Any, schema: dict[str, Any] = LAUNCH_SCHEMA) -> dict[str, list[str]]:
@@ -196,9 +252,14 @@ def spec_errors(spec: Any, schema: dict[str, Any] = LAUNCH_SCHEMA) -> dict[str, 
             for name in sorted(set(spec) - set(schema["properties"])):
                 errors.setdefault(name, []).append("unknown field")
             continue
-        field = ".".join(path[:3]) if path[:1] == ["roles"] else (path[0] if path else "spec")
-        errors.setdefault(field, []).append(error_message(error))
+        errors.setdefault(_field(path), []).append(error_message(error))
+    if not errors and (where := lone_surrogate_at(spec)) is not None:
+        errors[_field([str(p) for p in where])] = [INVALID_UNICODE]
     return errors
+
+
+def _field(path: list[str]) -> str:
+    return ".".join(path[:3]) if path[:1] == ["roles"] else (path[0] if path else "spec")
 
 
 MERGED_MAPPINGS = ("resources", "env")
@@ -231,25 +292,13 @@ def merge_spec(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 
 
 def openapi_schema(schema: Any) -> Any:
-    """The same schema for OpenAPI 3.0 (the API's documentation): a list of types
-    becomes ``oneOf`` (or ``nullable``), and the users' words stay as ``x-errors``."""
+    """The same schema for the API's documentation (OpenAPI 3.1, whose schemas
+    are JSON Schema 2020-12 like these: every bound is documented as it is
+    enforced). The users' words (``x-errors``) stay server-side: they reach
+    users in the error responses, and a mapping with a ``pattern`` key inside
+    a schema reads as a regular expression to tools."""
     if isinstance(schema, list):
         return [openapi_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: openapi_schema(value) for key, value in schema.items()}
-    types = out.get("type")
-    if isinstance(types, list):
-        kinds = [t for t in types if t != "null"]
-        if "null" in types:
-            out["nullable"] = True
-        if len(kinds) == 1:
-            out["type"] = kinds[0]
-        else:
-            del out["type"]
-            out["oneOf"] = [{"type": kind} for kind in kinds]
-    if "exclusiveMinimum" in out and not isinstance(out["exclusiveMinimum"], bool):
-        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
-    if "propertyNames" in out:  # not in OpenAPI 3.0; enforced by the API all the same
-        del out["propertyNames"]
-    return out
+    return {key: openapi_schema(value) for key, value in schema.items() if key != "x-errors"}

@@ -10,36 +10,69 @@ Import refuses, with the line: unknown fields (suggesting the likely name),
 values of the wrong type, keys given twice, and YAML anchors/aliases (a few
 lines of aliases can expand to gigabytes). YAML timestamps stay strings, as
 the schema wants (``starts_at: 2030-01-01T09:00:00Z`` needs no quotes).
+
+A hostile document costs little: its text is bounded (``MAX_DOCUMENT_CHARS``),
+its nesting is bounded while it is scanned, before any Python object exists
+(``MAX_DEPTH``: PyYAML's scanner is quadratic in the depth of flow
+collections, and both parsers recurse), and so are its numbers: an integer of
+more than ``MAX_DIGITS`` digits, a non-finite number (``.inf``, ``.nan``,
+``NaN``, ``Infinity``, ``1e309``) and any YAML tag beyond plain strings,
+numbers, booleans, null, mappings and lists (``!!python/...``) are refused
+with the field and the line.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import yaml
 
+from bai_common.jsonlimits import lone_surrogate, lone_surrogate_at, nesting_beyond
+
 from .errors import InvalidInput
 from .slots import SlotError, parse_slot_value
-from .specs import ROLE_PROPERTIES, SPEC_PROPERTIES, SPEC_SCHEMA, error_message
+from .specs import (
+    INVALID_UNICODE,
+    ROLE_PROPERTIES,
+    SPEC_PROPERTIES,
+    SPEC_SCHEMA,
+    TEMPLATE_DESCRIPTION,
+    TEMPLATE_NAME,
+    error_message,
+)
 
 DOCUMENT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["name", "spec"],
     "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 64},
-        "description": {"type": "string", "maxLength": 255},
+        "name": TEMPLATE_NAME,
+        "description": TEMPLATE_DESCRIPTION,
         "spec": SPEC_SCHEMA,
     },
 }
 FORMATS = ("yaml", "json")
+MAX_DOCUMENT_CHARS = 64 * 1024
+# A template is four levels deep (document, spec, roles, role, resources):
+# anything near this bound is an attack, not a template.
+MAX_DEPTH = 32
+MAX_DIGITS = 300
+_YAML = "tag:yaml.org,2002:"
+# The tags a template's values may carry: what JSON has, no more.
+PLAIN_TAGS = frozenset(
+    _YAML + kind for kind in ("str", "int", "float", "bool", "null", "map", "seq")
+)
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader without implicit timestamps: dates stay the strings the schema expects."""
+class _Loader(yaml.CSafeLoader):
+    """LibYAML's safe loader (its parser is C and keeps no recursion), without
+    implicit timestamps: dates stay the strings the schema expects."""
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -53,7 +86,7 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
     if error.validator == "additionalProperties":
         known = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(known))
-        name = f"{path}.{extra[0]}" if path else extra[0]
+        name = f"{path}.{extra[0]}" if path else (extra[0] or "document")
         message = f"unknown field {extra[0]!r}"
         close = difflib.get_close_matches(str(extra[0]), known, n=1)
         if close:
@@ -81,6 +114,9 @@ def validate_template_spec(spec: Any) -> dict[str, Any]:
     if fields:
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+    if (where := lone_surrogate_at(spec)) is not None:
+        name = ".".join(["spec", *map(str, where)])
+        raise InvalidInput(f"{name}: {INVALID_UNICODE}", {name: [INVALID_UNICODE]})
     return spec
 
 
@@ -103,6 +139,34 @@ def _amount_errors(spec: dict[str, Any]) -> dict[str, list[str]]:
     return fields
 
 
+_FIELDS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"name": TEMPLATE_NAME, "description": TEMPLATE_DESCRIPTION},
+}
+# The whole name, as the schema's pattern says (whose ``$`` Python lets match
+# before a final line break).
+_NAME_CHARACTERS = re.compile(r"[^\x00-\x1f\x7f]*")
+
+
+def validate_template_fields(*, name: Any, description: Any) -> None:
+    """Refuse a name or description that could not be stored, or a name that
+    could not be a file name on export, naming the field."""
+    fields: dict[str, list[str]] = {}
+    validator = jsonschema.Draft202012Validator(_FIELDS_SCHEMA)
+    for error in validator.iter_errors({"name": name, "description": description}):
+        fields.setdefault(str(error.absolute_path[0]), []).append(error_message(error))
+    if "name" not in fields and not name.strip():
+        fields["name"] = ["is required"]
+    elif "name" not in fields and not _NAME_CHARACTERS.fullmatch(name):
+        fields["name"] = [TEMPLATE_NAME["x-errors"]["pattern"]]
+    for field, value in (("name", name), ("description", description)):
+        if field not in fields and lone_surrogate(value):
+            fields[field] = [INVALID_UNICODE]
+    if fields:
+        first = next(iter(fields.items()))
+        raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+
+
 # --- import -----------------------------------------------------------------
 
 
@@ -110,14 +174,18 @@ def parse_template_document(text: str, fmt: str) -> dict[str, Any]:
     """Parse and validate an imported template. Errors name the field and line."""
     if fmt not in FORMATS:
         raise InvalidInput("format: use yaml or json", {"format": ["use yaml or json"]})
+    if len(text) > MAX_DOCUMENT_CHARS:
+        message = f"at most {MAX_DOCUMENT_CHARS} characters (got {len(text)})"
+        raise InvalidInput(f"document: {message}", {"document": [message]})
+    if lone_surrogate(text):
+        message = "the text is not valid Unicode (it holds a lone surrogate)"
+        raise InvalidInput(f"document: {message}", {"document": [message]})
     if fmt == "json":
         data = _load_json(text)
         node = _compose_quietly(text)  # JSON is YAML: used only to find lines
+        _refuse_marked_values(data, node)
     else:
-        node = _compose_yaml(text)
-        data = yaml.load(text, Loader=_Loader) if node is not None else None  # a SafeLoader
-    if node is not None:
-        _refuse_duplicate_keys(node)
+        data, node = _load_yaml(text)
     validator = jsonschema.Draft202012Validator(DOCUMENT_SCHEMA)
     errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
@@ -131,10 +199,62 @@ def parse_template_document(text: str, fmt: str) -> dict[str, Any]:
             fields.setdefault(name, []).append(f"line {line}: {message}" if line else message)
         first = next(iter(fields.items()))
         raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+    if (where := lone_surrogate_at(data)) is not None:
+        _refuse([(".".join(map(str, where)), _line_of(node, list(where)), INVALID_UNICODE)])
+    try:  # what the schema's pattern cannot say (a final line break in the name)
+        validate_template_fields(name=data["name"], description=data.get("description", ""))
+    except InvalidInput as exc:
+        _refuse(
+            [
+                (field, _line_of(node, [field]), message)
+                for field, messages in exc.fields.items()
+                for message in messages
+            ]
+        )
     return data
 
 
+def _refuse(problems: list[tuple[str, int | None, str]]) -> None:
+    """``(field, line, message)`` in document order, as one InvalidInput."""
+    if not problems:
+        return
+    fields: dict[str, list[str]] = {}
+    for name, line, message in sorted(problems, key=lambda p: p[1] or 0):
+        fields.setdefault(name, []).append(f"line {line}: {message}" if line else message)
+    first = next(iter(fields.items()))
+    raise InvalidInput(f"{first[0]}: {first[1][0]}", fields)
+
+
+# JSON: the depth is counted on the text, before the recursive decoder runs;
+# numbers the decoder would make unbounded or non-finite come back marked.
+
+
+class _Marked:
+    """A JSON value refused while decoding, kept so the error can name its field."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _json_int(digits: str) -> int | _Marked:
+    count = len(digits.lstrip("-"))
+    if count > MAX_DIGITS:
+        return _Marked(f"a number of {count} digits; at most {MAX_DIGITS}")
+    return int(digits)
+
+
+def _json_float(text: str) -> float | _Marked:
+    value = float(text)
+    return value if math.isfinite(value) else _Marked(f"{text} is out of range")
+
+
 def _load_json(text: str) -> Any:
+    too_deep = nesting_beyond(text, MAX_DEPTH)
+    if too_deep is not None:
+        line = text.count("\n", 0, too_deep) + 1
+        message = f"line {line}: nested deeper than {MAX_DEPTH} levels"
+        raise InvalidInput(message, {"document": [message]})
+
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: dict[str, Any] = {}
         for key, value in pairs:
@@ -146,26 +266,73 @@ def _load_json(text: str) -> Any:
         return seen
 
     try:
-        return json.loads(text, object_pairs_hook=no_duplicates)
+        return json.loads(
+            text,
+            object_pairs_hook=no_duplicates,
+            parse_int=_json_int,
+            parse_float=_json_float,
+            parse_constant=lambda name: _Marked(f"{name} is not a number"),
+        )
     except json.JSONDecodeError as exc:
         message = f"line {exc.lineno}: invalid JSON: {exc.msg}"
         raise InvalidInput(message, {"document": [message]}) from None
 
 
-def _compose_yaml(text: str) -> yaml.Node | None:
+def _refuse_marked_values(data: Any, node: yaml.Node | None) -> None:
+    problems = []
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _Marked):
+            name = ".".join(str(p) for p in path) or "document"
+            problems.append((name, _line_of(node, list(path)), value.message))
+        elif isinstance(value, dict):
+            stack.extend(((*path, key), item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend(((*path, index), item) for index, item in enumerate(value))
+    _refuse(problems)
+
+
+# YAML: the events are read first (LibYAML makes them without recursion),
+# stopping at the first anchor or the first level too deep; then the document
+# is composed to nodes (which keep their lines), every node is checked, and
+# only then built into Python objects.
+
+
+def _load_yaml(text: str) -> tuple[Any, yaml.Node | None]:
     try:
-        for event in yaml.parse(text, Loader=_Loader):
-            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-                line = event.start_mark.line + 1
-                message = f"line {line}: YAML anchors and aliases are not supported"
-                raise InvalidInput(message, {"document": [message]})
-        return yaml.compose(text, Loader=_Loader)
+        _refuse_anchors_and_depth(text)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None, None
+            _refuse_unsafe_nodes(loader, node)
+            return loader.construct_document(node), node
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         message = f"{where}invalid YAML: {problem}"
         raise InvalidInput(message, {"document": [message]}) from None
+
+
+def _refuse_anchors_and_depth(text: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            message = f"line {line}: YAML anchors and aliases are not supported"
+            raise InvalidInput(message, {"document": [message]})
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                message = f"line {line}: nested deeper than {MAX_DEPTH} levels"
+                raise InvalidInput(message, {"document": [message]})
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _compose_quietly(text: str) -> yaml.Node | None:
@@ -175,19 +342,81 @@ def _compose_quietly(text: str) -> yaml.Node | None:
         return None
 
 
-def _refuse_duplicate_keys(node: yaml.Node, path: tuple[str, ...] = ()) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
-        for key, value in node.value:
-            name = ".".join((*path, str(key.value)))
-            if key.value in seen:
-                message = f"line {key.start_mark.line + 1}: given twice"
-                raise InvalidInput(f"{name}: {message}", {name: [message]})
-            seen.add(key.value)
-            _refuse_duplicate_keys(value, (*path, str(key.value)))
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, (*path, str(index)))
+def _nodes(root: yaml.Node) -> Iterator[tuple[tuple[str, ...], yaml.Node]]:
+    """Every node with its path, in document order; a key has its mapping's path."""
+    stack: list[tuple[tuple[str, ...], yaml.Node]] = [((), root)]
+    while stack:
+        path, node = stack.pop()
+        yield path, node
+        if isinstance(node, yaml.MappingNode):
+            for key, value in reversed(node.value):
+                stack.append(((*path, str(key.value)), value))
+                stack.append((path, key))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(
+                ((*path, str(i)), item) for i, item in reversed(list(enumerate(node.value)))
+            )
+
+
+def _refuse_unsafe_nodes(loader: _Loader, root: yaml.Node) -> None:
+    """Refuse what building the document would choke on, or should never build:
+    foreign tags, keys that are not plain values, keys given twice, numbers
+    too long or not finite, and explicit tags on values that do not fit them."""
+    problems: list[tuple[str, int | None, str]] = []
+    for path, node in _nodes(root):
+        problem = _node_problem(loader, node)
+        if problem is not None:
+            problems.append((".".join(path) or "document", node.start_mark.line + 1, problem))
+        elif isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key, _value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag in PLAIN_TAGS:
+                    # Every key of a template is a name: ``ON:``, ``1:`` or an
+                    # empty key stay the text they are, not True, 1 or None.
+                    key.tag = _YAML + "str"
+                if not isinstance(key, yaml.ScalarNode):
+                    line = key.start_mark.line + 1
+                    problems.append(
+                        (
+                            ".".join(path) or "document",
+                            line,
+                            "a key must be a plain value, not a list or a mapping",
+                        )
+                    )
+                elif key.value in seen:
+                    name = ".".join((*path, str(key.value)))
+                    problems.append((name, key.start_mark.line + 1, "given twice"))
+                else:
+                    seen.add(key.value)
+        if len(problems) >= 20:
+            break
+    _refuse(problems)
+
+
+_PLAIN = (True, False)  # a plain scalar, for the resolver
+
+
+def _node_problem(loader: _Loader, node: yaml.Node) -> str | None:
+    if node.tag not in PLAIN_TAGS:
+        return f"the tag {node.tag.replace(_YAML, '!!')} is not allowed (plain values only)"
+    if not isinstance(node, yaml.ScalarNode) or node.tag == _YAML + "str":
+        return None
+    kind = node.tag.removeprefix(_YAML)
+    if kind == "int":
+        digits = sum(c.isdigit() for c in node.value)
+        if digits > MAX_DIGITS:
+            return f"a number of {digits} digits; at most {MAX_DIGITS}"
+    # A value given its tag by the resolver fits it, except a float that
+    # overflows; one tagged by hand (``!!int abc``) is tried.
+    if kind != "float" and loader.resolve(yaml.ScalarNode, node.value, _PLAIN) == node.tag:
+        return None
+    try:
+        value = loader.construct_object(node)
+    except (ValueError, KeyError, yaml.YAMLError):
+        return f"{node.value!r} is not a valid {kind}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{node.value} is not a finite number"
+    return None
 
 
 def _line_of(node: yaml.Node | None, path: list[Any]) -> int | None:

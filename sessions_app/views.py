@@ -8,10 +8,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views import defaults
 from django.views.decorators.http import require_POST
 
 from bai_common import units
@@ -290,3 +291,32 @@ def profile_token_revoke(request: HttpRequest, token_id: str) -> HttpResponse:
     if token is None or not tokens.token_revoke(user=request.user, token_id=token_id):
         raise Http404("No such token.")
     return redirect(f"{reverse('profile')}?revoked={tokens.token_prefix(token)}")
+
+
+# --- error pages: HTML for people, the API's JSON under /api/ -------------------------
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def _api_error(message: str, status: int) -> JsonResponse:
+    return JsonResponse({"message": message, "extra": {}}, status=status)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return _api_error("The request is malformed.", 400)
+    return defaults.bad_request(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return _api_error("No such API endpoint or object.", 404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return _api_error("The server could not finish this request; it has been logged.", 500)
+    return defaults.server_error(request)

@@ -189,10 +189,10 @@ async def test_the_sessions_stream_answers_pings_and_rejects_other_messages(alic
     await comm.connect()
     await comm.send_json_to({"type": "ping"})
     assert await comm.receive_json_from(timeout=5) == {"type": "pong"}
-    await comm.send_to(text_data="not json")
-    assert (await comm.receive_json_from(timeout=5))["type"] == "error"
     await comm.send_json_to({"type": "subscribe", "user": 1})
     assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+    await comm.send_json_to({"type": "ping"})
+    assert await comm.receive_json_from(timeout=5) == {"type": "pong"}
     await comm.disconnect()
 
 
@@ -205,6 +205,47 @@ async def _connects(user, origin: bytes | None, host: bytes | None = b"localhost
     if connected:
         await comm.disconnect()
     return connected
+
+
+# A frame that is not a message closes the stream with 4400 and says why:
+# never 1011 (a crash), and at bounded cost.
+MALFORMED_FRAMES = [
+    pytest.param({"text_data": "not json"}, "not JSON", id="not JSON"),
+    pytest.param({"text_data": '["ping"]'}, "JSON object", id="not an object"),
+    pytest.param(
+        {"text_data": '{"type": "ping", "x": "\\ud800"}'}, "lone surrogate", id="a lone surrogate"
+    ),
+    pytest.param({"text_data": '{"\\udfff": 1}'}, "lone surrogate", id="a lone surrogate in a key"),
+    pytest.param({"text_data": "[" * 100_000 + "]" * 100_000}, "limit", id="100,000 deep"),
+    pytest.param({"text_data": '{"a":' * 50 + "1" + "}" * 50}, "nested deeper", id="50 deep"),
+    pytest.param(
+        {"text_data": '{"type": "ping", "pad": "' + "x" * 5000 + '"}'}, "limit", id="too big"
+    ),
+    pytest.param({"bytes_data": b'{"type": "ping"}'}, "binary", id="binary"),
+]
+
+
+async def closed_for_bad_input(comm: WebsocketCommunicator) -> str:
+    """The stream answers with an error saying why, then closes with 4400."""
+    message = await comm.receive_json_from(timeout=5)
+    assert message["type"] == "error" and message["code"] == consumers.CLOSE_BAD_INPUT
+    assert await comm.receive_output(timeout=5) == {
+        "type": "websocket.close",
+        "code": consumers.CLOSE_BAD_INPUT,
+    }
+    return message["message"]
+
+
+@pytest.mark.parametrize("frame, why", MALFORMED_FRAMES)
+async def test_the_sessions_stream_closes_with_4400_on_a_malformed_frame(alice, frame, why):
+    comm = await browser("/ws/sessions/", alice)
+    await comm.connect()
+    await comm.send_to(**frame)
+    assert why in await closed_for_bad_input(comm)
+
+
+async def test_a_foreign_origin_is_refused_before_anything_else(alice, settings):
+    pass
 
 
 @pytest.mark.parametrize(
@@ -372,18 +413,51 @@ async def test_oversized_and_malformed_input_is_answered_with_an_error_and_not_f
         {"type": "resize", "cols": True, "rows": 24},
         {"type": "resize", "cols": 0, "rows": 24},
         {"type": "shell", "command": "rm -rf /"},
-        ["input", "ls"],
     ):
         await comm.send_json_to(bad)
         assert (await comm.receive_json_from(timeout=5))["type"] == "error", bad
-    await comm.send_to(text_data="{not json")
-    assert (await comm.receive_json_from(timeout=5))["type"] == "error"
     await no_frame_of(fake_agent, protocol.TERM_INPUT)
     await no_frame_of(fake_agent, protocol.TERM_RESIZE, timeout=0.1)
 
     await comm.send_json_to({"type": "input", "data": "x" * 1024})
     assert len((await frame_of(fake_agent, protocol.TERM_INPUT))["data"]) == 1024
     await comm.disconnect()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"type": "input", "data": "ls\\ud800"}', id="input with a lone surrogate"),
+        pytest.param(
+            '{"type": "input", "data": ' + "[" * 100_000 + "]" * 100_000 + "}", id="100,000 deep"
+        ),
+        pytest.param("{not json", id="not JSON"),
+    ],
+)
+async def test_a_malformed_terminal_frame_closes_with_4400_and_reaches_no_agent(
+    running, alice, fake_agent, text
+):
+    comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
+    await comm.connect()
+    await frame_of(fake_agent, protocol.TERM_OPEN)
+    await comm.receive_json_from(timeout=5)  # ready
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await comm.send_to(text_data=text)
+    assert await closed_for_bad_input(comm)
+    assert loop.time() - started < 2
+    await no_frame_of(fake_agent, protocol.TERM_INPUT)
+
+
+async def test_a_kernels_log_stream_closes_with_4400_on_a_malformed_frame(
+    running, alice, fake_agent
+):
+    comm = await browser(f"/ws/sessions/{running.pk}/kernels/main1/logs/", alice)
+    await comm.connect()
+    assert (await comm.receive_json_from(timeout=5))["type"] == "state"
+    await comm.send_to(text_data='{"type": "ping", "x": "\\ud800"}')
+    assert "lone surrogate" in await closed_for_bad_input(comm)
 
 
 async def test_closing_the_shell_ends_it_and_the_agents_close_reaches_the_browser(

@@ -144,6 +144,91 @@ def test_the_schema_is_available_as_json(client):
     assert json.loads(response.content)["info"]["title"]
 
 
+@pytest.fixture
+def schema(client):
+    return json.loads(client.get("/api/schema/?format=json").content)
+
+
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+
+
+def _error_codes(operation: dict) -> set[str]:
+    codes = set()
+    for code, response in operation["responses"].items():
+        if code.startswith(("4", "5")):
+            assert response["content"]["application/json"]["schema"] == ERROR_REF, code
+            codes.add(code)
+    return codes
+
+
+@pytest.mark.parametrize(
+    "path, method, codes",
+    [
+        ("/api/v1/sessions/", "get", {"400", "401", "403"}),
+        ("/api/v1/sessions/", "post", {"400", "401", "403", "409", "413", "415"}),
+        ("/api/v1/sessions/{session_id}/", "get", {"401", "403", "404"}),
+        (
+            "/api/v1/sessions/{session_id}/terminate/",
+            "post",
+            {"400", "401", "403", "404", "409", "413", "415"},
+        ),
+        ("/api/v1/templates/{template_id}/", "delete", {"401", "403", "404"}),
+        ("/api/v1/templates/{template_id}/export/", "get", {"400", "401", "403", "404"}),
+        ("/api/v1/folders/{folder_id}/", "delete", {"401", "403", "404", "409"}),
+        ("/api/v1/auth/token/", "post", {"400", "413", "415"}),
+    ],
+)
+def test_the_schema_lists_every_error_an_operation_can_answer_in_one_shape(
+    schema, path, method, codes
+):
+    assert _error_codes(schema["paths"][path][method]) >= codes
+    error = schema["components"]["schemas"]["Error"]
+    assert set(error["required"]) == {"message", "extra"}
+
+
+def test_the_schema_declares_both_export_formats(schema):
+    content = schema["paths"]["/api/v1/templates/{template_id}/export/"]["get"]["responses"]["200"][
+        "content"
+    ]
+    assert set(content) == {"application/yaml", "application/json"}
+    for media in content.values():
+        assert set(media["schema"]["required"]) == {"name", "spec"}
+
+
+def test_request_bodies_are_json_and_strict_inputs_are_closed(schema):
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            if "requestBody" in operation:
+                assert list(operation["requestBody"]["content"]) == ["application/json"], path
+    components = schema["components"]["schemas"]
+    assert components["TemplateInputRequest"]["additionalProperties"] is False
+    assert components["FolderCreateInputRequest"]["additionalProperties"] is False
+
+
+def test_the_launch_schema_documents_its_bounds_as_enforced(schema):
+    body = schema["paths"]["/api/v1/sessions/"]["post"]["requestBody"]["content"]
+    launch = body["application/json"]["schema"]
+    assert launch["properties"]["env"]["propertyNames"]["maxLength"] == 256
+    assert "x-errors" not in json.dumps(launch)
+
+
+def test_an_unknown_api_path_is_a_json_404(as_alice):
+    assert_error(as_alice.get("/api/v1/nowhere/"), 404)
+    assert_error(as_alice.get("/api/v1/templates/not-a-number/"), 404)
+
+
+@pytest.mark.parametrize(
+    "url, body, field",
+    [
+        ("/api/v1/folders/", {"name": 0}, "name"),
+        ("/api/v1/templates/", {"name": "t", "spec": {}, "is_shared": 0}, "is_shared"),
+        ("/api/v1/templates/", {"name": 7, "spec": {}}, "name"),
+    ],
+)
+def test_json_types_are_taken_as_they_are_not_coerced(as_alice, url, body, field):
+    assert_error(as_alice.post(url, body, format="json"), 400, field=field)
+
+
 def test_the_docs_page_loads_swagger_ui_from_the_project_itself(client):
     response = client.get("/api/docs/")
 

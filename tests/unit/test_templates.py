@@ -5,6 +5,7 @@ line, and export → import round trips that change nothing."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -288,3 +289,242 @@ def test_any_valid_spec_survives_a_round_trip(spec, description, fmt):
         "description": description,
         "spec": spec,
     }
+
+
+# --- hostile documents: refused with the field and the line, at bounded cost --------------------
+
+DEEP = 20_000
+
+
+@pytest.mark.parametrize(
+    "text, fmt, field, words",
+    [
+        pytest.param(
+            'name: t\nspec: !!python/object/apply:os.system ["ls"]\n',
+            "yaml",
+            "spec",
+            "line 2: the tag !!python/object/apply:os.system is not allowed",
+            id="a python tag",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  ? !!python/name:os.system\n  : 1\n",
+            "yaml",
+            "spec",
+            "line 3: the tag !!python/name:os.system",
+            id="a python tag on a key",
+        ),
+        pytest.param(
+            "name: !secret t\nspec: {}\n", "yaml", "name", "the tag !secret", id="a local tag"
+        ),
+        pytest.param(
+            "name: t\nspec:\n  env: !!binary aGVsbG8=\n",
+            "yaml",
+            "spec.env",
+            "!!binary",
+            id="binary",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  cluster_size: !!int two\n",
+            "yaml",
+            "spec.cluster_size",
+            "line 3: 'two' is not a valid int",
+            id="an int tag on a word",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  ? [a]\n  : 1\n",
+            "yaml",
+            "spec",
+            "a key must be a plain value",
+            id="a list as a key",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  cluster_size: " + "9" * 5000 + "\n",
+            "yaml",
+            "spec.cluster_size",
+            "line 3: a number of 5000 digits; at most 300",
+            id="a 5,000-digit integer",
+        ),
+        pytest.param(
+            '{"name": "t",\n "spec": {"cluster_size": ' + "9" * 5000 + "}}",
+            "json",
+            "spec.cluster_size",
+            "line 2: a number of 5000 digits",
+            id="a 5,000-digit JSON integer",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  batch_timeout: .inf\n",
+            "yaml",
+            "spec.batch_timeout",
+            "line 3: .inf is not a finite number",
+            id=".inf",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  resources: {cpu: .nan}\n",
+            "yaml",
+            "spec.resources.cpu",
+            ".nan is not a finite number",
+            id=".nan",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  batch_timeout: 1.0e+309\n",
+            "yaml",
+            "spec.batch_timeout",
+            "1.0e+309 is not a finite number",
+            id="a YAML float beyond range",
+        ),
+        pytest.param(
+            '{"name": "t", "spec": {"batch_timeout": NaN}}',
+            "json",
+            "spec.batch_timeout",
+            "line 1: NaN is not a number",
+            id="NaN",
+        ),
+        pytest.param(
+            '{"name": "t", "spec": {"resources": {"cpu": -Infinity}}}',
+            "json",
+            "spec.resources.cpu",
+            "-Infinity is not a number",
+            id="-Infinity",
+        ),
+        pytest.param(
+            '{"name": "t",\n "spec": {"batch_timeout": 1e309}}',
+            "json",
+            "spec.batch_timeout",
+            "line 2: 1e309 is out of range",
+            id="1e309",
+        ),
+        pytest.param(
+            "name: t\nspec:\n  env: " + "[" * DEEP + "]" * DEEP + "\n",
+            "yaml",
+            "document",
+            "line 3: nested deeper than 32 levels",
+            id="20,000-deep YAML",
+        ),
+        pytest.param(
+            "- " * DEEP + "x\n",
+            "yaml",
+            "document",
+            "nested deeper than 32",
+            id="20,000-deep YAML blocks",
+        ),
+        pytest.param(
+            '{"name": "t", "spec": {"env": ' + "[" * DEEP + "]" * DEEP + "}}",
+            "json",
+            "document",
+            "line 1: nested deeper than 32 levels",
+            id="20,000-deep JSON",
+        ),
+        pytest.param(
+            'name: "a\\r\\nb"\nspec: {}\n',
+            "yaml",
+            "name",
+            "line 1: must not contain line breaks",
+            id="CR/LF in the name",
+        ),
+        pytest.param(
+            'name: "ab\\n"\nspec: {}\n',
+            "yaml",
+            "name",
+            "must not contain line breaks",
+            id="a final newline in the name",
+        ),
+        pytest.param(
+            'name: t\ndescription: "\\0"\nspec: {}\n',
+            "yaml",
+            "description",
+            "NUL",
+            id="NUL in the description",
+        ),
+        pytest.param(
+            'name: t\nspec:\n  env: {A: "x\\0"}\n',
+            "yaml",
+            "spec.env.A",
+            "line 3: A: the value holds a NUL",
+            id="NUL in env",
+        ),
+        pytest.param(
+            '{"name": "t", "spec": {"env": {"A\\u0000": "x"}}}',
+            "json",
+            "spec.env",
+            "a name must not hold a NUL",
+            id="NUL in an env name",
+        ),
+        pytest.param(
+            '{"name": "t", "spec": {"startup_command": "ls\\u0000"}}',
+            "json",
+            "spec.startup_command",
+            "must not contain a NUL character",
+            id="NUL in the start command",
+        ),
+        pytest.param(
+            '{"name": "t", "spec": {"startup_command": "ls \\ud800"}}',
+            "json",
+            "spec.startup_command",
+            "invalid Unicode",
+            id="a lone surrogate in the start command",
+        ),
+        pytest.param(
+            "name: t\nspec: {}\n\ud800",
+            "yaml",
+            "document",
+            "lone surrogate",
+            id="a lone surrogate in the text",
+        ),
+        pytest.param("x" * 70_000, "yaml", "document", "at most 65536 characters", id="too long"),
+    ],
+)
+def test_a_hostile_document_is_refused_naming_the_field(text, fmt, field, words):
+    error = refusal(text, fmt)
+    assert field in error.fields, error.fields
+    assert words in " ".join(error.fields[field]), error.fields
+
+
+def _refused_within(seconds: float, text: str, fmt: str = "yaml") -> InvalidInput:
+    started = time.perf_counter()
+    error = refusal(text, fmt)
+    assert time.perf_counter() - started < seconds
+    return error
+
+
+FORTY_KB = 40 * 1024
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[" * FORTY_KB, id="brackets"),
+        pytest.param("{a: " * (FORTY_KB // 4), id="flow mappings"),
+        pytest.param("- " * (FORTY_KB // 2), id="block sequences"),
+        pytest.param("".join(" " * i + "a:\n" for i in range(280)), id="indentation"),
+        pytest.param("[" + ",".join(["1"] * (FORTY_KB // 2)) + "]", id="20,000 numbers"),
+        pytest.param("[" + ",".join(["1.5e3"] * (FORTY_KB // 6)) + "]", id="7,000 floats"),
+        pytest.param(
+            "name: t\nspec:\n  env:\n" + "".join(f"    K{i}: v\n" for i in range(3200)),
+            id="3,200 keys",
+        ),
+    ],
+)
+def test_a_40_kb_hostile_yaml_is_refused_in_well_under_a_second(text):
+    # 24 s of CPU before the depth bound; the bound here is generous for a shared 2-core machine.
+    assert len(text) <= FORTY_KB + 1024
+    _refused_within(2.0, text)
+
+
+def test_a_deep_json_document_is_refused_before_it_is_decoded():
+    _refused_within(2.0, "[" * 60_000 + "]" * 5_000, "json")
+
+
+@pytest.mark.parametrize("text", ["?", "{? : 1}", "- ?\n"])
+def test_an_empty_key_is_an_unknown_field_not_a_crash(text):
+    assert refusal(text).fields
+
+
+def test_every_key_is_a_name_even_one_yaml_would_read_as_a_boolean_or_a_number():
+    text = 'name: t\nspec:\n  env: {ON: "1", 1: "2", null: "3"}\n'
+    env = parse_template_document(text, "yaml")["spec"]["env"]
+    assert env == {"ON": "1", "1": "2", "null": "3"}
+
+
+def test_refusals_cut_a_long_bad_value_short():
+    error = refusal("[" + ",".join(["1"] * 20_000) + "]")
+    assert len(error.message) < 300

@@ -267,7 +267,7 @@ def _apply_waits(
                     session=session,
                     from_status=Status.PENDING,
                     to_status=Status.PENDING,
-                    reason=f"waiting: {reason}",
+                    reason=reason if reason.startswith("waiting") else f"waiting: {reason}",
                     created_at=now,
                 )
             )

@@ -465,6 +465,9 @@ if admin.site.is_registered(User):
 @admin.register(User)
 class UserWithPolicyAdmin(UserAdmin):
     inlines = [*UserAdmin.inlines, UserPolicyInline]
+    # Set by the system, not typed: shown as text (Django's split date/time
+    # inputs for them carry no labels a screen reader can read).
+    readonly_fields = ["last_login", "date_joined"]
 
 
 @admin.register(ResourcePreset)
@@ -479,6 +482,9 @@ class ResourcePresetAdmin(admin.ModelAdmin):
 
     class Media:
         css = ADMIN_CSS
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return _cells_named(super().get_changelist_form(request, **kwargs))
 
     @admin.display(description="per container")
     def resources(self, obj: ResourcePreset) -> str:

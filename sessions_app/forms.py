@@ -35,7 +35,7 @@ SLOT_HELP = (
     "GPUs as a count."
 )
 DURATION_HELP = (
-    "Type 30m, 8h, 1d or 1h30m (d, h, m, s); a bare number is seconds; empty or 0: none."
+    "Type 30m, 8h, 1d or 1h30m (d, h, m, s); a bare number is seconds; 0 is the same as empty."
 )
 # A bare number in the memory input means GiB, as the label next to it says.
 _BARE_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")

@@ -34,15 +34,13 @@ SEED = os.environ.get("BAI_FUZZ_SEED", "1")
 
 
 @pytest.fixture
-def fuzz_user(django_user_model, image):
-    from rest_framework.authtoken.models import Token
-
+def fuzz_user(django_user_model, image, make_token):
     from sessions_app import services
 
     user = django_user_model.objects.create_user("fuzz", password="fuzz-pass-123")
     # Pending: no agent, so nothing starts, and its detail and log can be read.
     session = services.session_create(owner=user, spec={"image": image.reference})
-    return Token.objects.create(user=user).key, str(session.pk)
+    return make_token(user), str(session.pk)
 
 
 def test_schemathesis_finds_no_server_error_and_no_answer_the_schema_does_not_describe(

@@ -149,6 +149,8 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     lifetime_deadline = serializers.SerializerMethodField()
     batch_deadline = serializers.SerializerMethodField()
     seconds_left = serializers.SerializerMethodField()
+    ports = serializers.JSONField(source="preopen_ports")
+    apps = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -184,8 +186,14 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "lifetime_deadline",
             "batch_deadline",
             "seconds_left",
+            "ports",
+            "apps",
             "kernels",
         ]
+
+    def get_apps(self, obj: Session) -> list[dict[str, Any]]:
+        """main1's apps (the image's, then the user's ports), for the launcher."""
+        return [app.to_dict() for app in selectors.session_apps(session=obj)]
 
     def get_total_resources(self, obj: Session) -> dict[str, str]:
         return obj.total_slots()

@@ -87,6 +87,7 @@ def _session_insert(*, owner: AbstractBaseUser, plan: LaunchPlan) -> Session:
         starts_at=plan.starts_at,
         batch_timeout=plan.batch_timeout,
         designated_agents=list(plan.agents),
+        preopen_ports=list(plan.ports),
         ssh_private_key=private_key,
         ssh_public_key=public_key,
     )

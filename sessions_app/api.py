@@ -390,6 +390,24 @@ class SessionDetailApi(APIView):
         return Response(SessionDetailSerializer(session).data)
 
 
+class SessionAppOpenApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        url = serializers.CharField()
+        origin = serializers.CharField()
+        app = serializers.JSONField()
+
+    @extend_schema(
+        request=None,
+        responses=OutputSerializer,
+        description="A one-time link (valid BAI_APP_LINK_TTL seconds) that opens an app of "
+        "main1 on the apps origin; the app starts on the first request if it is not running.",
+    )
+    def post(self, request: Request, session_id: str, app: str) -> Response:
+        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        opened = services.app_open(user=request.user, session=session, name=app)
+        return Response(self.OutputSerializer(opened).data)
+
+
 class SessionTerminateApi(APIView):
     class InputSerializer(serializers.Serializer):
         class Meta:

@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from agent import protocol
 from agent.backends.base import Backend, KernelError
 from agent.config import AgentConfig, capacity
+from agent.tunnel import run_tunnel
 
 log = logging.getLogger(__name__)
 
@@ -358,6 +359,8 @@ class Agent:
             task = self._follows.pop(msg["stream_id"], None)
             if task is not None:
                 task.cancel()
+        elif kind == protocol.TUNNEL_OPEN:
+            self._spawn(run_tunnel(backend, msg))
         elif kind == protocol.REGISTERED:
             self._apply_registered(msg)
         elif kind == protocol.ERROR:

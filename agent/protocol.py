@@ -98,7 +98,9 @@ LOG_TAIL_BYTES_MAX = 16 * 1024 * 1024
 # KernelSpec: {"kernel_id": str, "hostname": "main1"|"subN", "role": "main"|"sub",
 #   "image": str, "slots": {slot: str}, "env": {str: str},
 #   "mounts": [{"name": str, "host_path": str}], "startup_command": str|None,
-#   "cluster_hosts": ["main1", "sub1", ...]}
+#   "cluster_hosts": ["main1", "sub1", ...], "service_ports": [int, ...]}
+#   service_ports: main1's app ports (the image's and the user's); a kernel with any
+#   is given a network even when alone, so that the agent's host reaches it.
 # The env already holds every BACKENDAI_* variable; the agent adds nothing but
 # may read them. Creating a kernel that already exists is a no-op that re-reports it.
 CREATE_KERNELS = "create_kernels"
@@ -124,6 +126,18 @@ TERM_RESIZE = "term_resize"
 TERM_DETACH = "term_detach"
 # {"type": "term_close", "term_id": str}  -- end the shell now.
 TERM_CLOSE = "term_close"
+# {"type": "tunnel_open", "tunnel_id": str, "kernel_id": str, "port": int, "url": str,
+#  "token": str, "start_command": str, "app_token": str}
+#   connect to `port` of the kernel (the Docker backend: the container's address on its
+#   session network; the process backend: 127.0.0.1), then open a websocket to `url`
+#   (the apps proxy's /tunnel/<tunnel_id>/) with `token` as its bearer, and carry bytes
+#   both ways in binary frames until either side closes. When nothing listens and a
+#   start command is given, run it first (as the kernel user, in its home, with
+#   BAI_APP_BIND, BAI_APP_PORT and BAI_APP_TOKEN set) and wait for the port. A tunnel
+#   that cannot reach the port still dials the proxy and closes with TUNNEL_FAILED and
+#   the reason, so the proxy answers at once. Bounds: TUNNEL_OPEN_FIELDS below.
+TUNNEL_OPEN = "tunnel_open"
+TUNNEL_FAILED = 4502  # close code of a tunnel whose port could not be reached
 # {"type": "error", "message": str, "stream_id"?: str}
 #   either direction. Added for the agent: a failed logs_follow (e.g. unknown kernel)
 #   answers with an error carrying that request's "stream_id", so the gateway can tell
@@ -434,6 +448,38 @@ AGENT_MESSAGES: dict[str, dict[str, Field]] = {
         "stream_id": Field(text(ID_MAX, pattern=_ID)),
     },
 }
+
+
+# --- bounds of the manager -> agent commands that the gateway checks ---------
+URL_MAX = 2048
+TOKEN_MAX = 512
+START_COMMAND_MAX = 2048
+_URL = re.compile(r"wss?://[A-Za-z0-9._:\[\]-]+(?:/[A-Za-z0-9._~/%-]*)?", re.ASCII)
+_TOKEN = re.compile(r"[A-Za-z0-9._:~-]+", re.ASCII)
+MANAGER_MESSAGES: dict[str, dict[str, Field]] = {
+    TUNNEL_OPEN: {
+        "tunnel_id": Field(text(ID_MAX, pattern=_ID, empty=False), required=True),
+        "kernel_id": _KERNEL_ID,
+        "port": Field(integer(1, 65535), required=True),
+        "url": Field(text(URL_MAX, pattern=_URL, empty=False), required=True),
+        "token": Field(text(TOKEN_MAX, pattern=_TOKEN, empty=False), required=True),
+        "start_command": Field(text(START_COMMAND_MAX)),
+        "app_token": Field(text(TOKEN_MAX, pattern=_TOKEN)),
+    },
+}
+
+
+def validate_command(message: Any) -> str | None:
+    """Why a manager -> agent command of ``MANAGER_MESSAGES`` breaks its bounds (the
+    gateway checks before it sends; the agent checks again before it acts)."""
+    if not isinstance(message, dict):
+        return "a command must be a JSON object"
+    kind = message.get("type")
+    fields = MANAGER_MESSAGES.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return f"unknown command type {_shown(kind)}"
+    refusal = record_refusal(fields, message, skip="type")
+    return f"{kind}.{refusal}" if refusal else None
 
 
 def validate(message: Any) -> str | None:

@@ -300,6 +300,14 @@ BAI_MAX_TERMINALS_PER_USER = env_int("BAI_MAX_TERMINALS_PER_USER", 16, minimum=1
 # Seconds a "pass queued" flag holds back further requests for a pass: how long
 # scheduling may stall when a worker dies with a pass queued (beat's backstop
 # and a starting worker clear it sooner).
+# The apps proxy (proxy_app, its own daphne on its own port): each app is served on an
+# origin of its own, <session>-<app>.<host of BAI_APPS_ORIGIN>, never the manager's.
+# Agents dial BAI_APPS_TUNNEL_URL for every proxied connection.
+BAI_APPS_PORT = env_int("BAI_APPS_PORT", 8001, minimum=1)
+BAI_APPS_ORIGIN = env_str("BAI_APPS_ORIGIN", f"http://apps.localhost:{BAI_APPS_PORT}")
+BAI_APPS_TUNNEL_URL = env_str("BAI_APPS_TUNNEL_URL", f"ws://127.0.0.1:{BAI_APPS_PORT}")
+BAI_APP_LINK_TTL = env_int("BAI_APP_LINK_TTL", 60, minimum=5)
+BAI_APP_COOKIE_TTL = env_int("BAI_APP_COOKIE_TTL", 12 * 3600, minimum=60)
 BAI_PASS_QUEUED_TTL = env_int("BAI_PASS_QUEUED_TTL", 3, minimum=1)
 
 if PRODUCTION:

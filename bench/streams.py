@@ -87,7 +87,7 @@ def setup_database() -> dict:
     ResourcePolicy.objects.get_or_create(
         is_default=True, defaults={"name": "default", "max_concurrent_sessions": 50}
     )
-    for ref in ("bai-kernel/minimal:1", "bai-kernel/python:1"):
+    for ref in ("bai-kernel/minimal:1", "bai-kernel/python:2"):
         Image.objects.get_or_create(reference=ref)
     user, _ = User.objects.get_or_create(username="bench")
     _, token = token_create(user=user)

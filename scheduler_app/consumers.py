@@ -448,6 +448,11 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
     async def agent_command(self, event: dict[str, Any]) -> None:
         command = event["command"]
         kind = command.get("type")
+        if kind in protocol.MANAGER_MESSAGES:
+            refusal = protocol.validate_command(command)
+            if refusal:
+                logger.warning("agent %s: not sending %s", self.agent_id, refusal)
+                return
         # Bind what the agent is asked for to this agent: only these streams and
         # terminals may carry its output.
         if kind == protocol.LOGS_FOLLOW:

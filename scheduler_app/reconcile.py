@@ -49,6 +49,7 @@ from sessions_app.models import (
     Status,
     hash_token,
 )
+from sessions_app.selectors import session_apps
 
 from .locks import lock_group
 
@@ -138,6 +139,8 @@ def create_kernels_command(*, session: Session, kernels: list[Kernel]) -> dict[s
     all_kernels = list(session.kernels.order_by("local_rank"))
     hosts = [k.cluster_hostname for k in all_kernels]
     mounts = [{"name": f.name, "host_path": str(f.host_path)} for f in session.mounts.all()]
+    # main1's service ports: a kernel that has any gets a network even when alone.
+    app_ports = [app.port for app in session_apps(session=session)]
     return {
         "type": protocol.CREATE_KERNELS,
         "session_id": str(session.pk),
@@ -160,6 +163,7 @@ def create_kernels_command(*, session: Session, kernels: list[Kernel]) -> dict[s
                 if k.cluster_role == KernelRole.MAIN
                 else None,
                 "cluster_hosts": hosts,
+                "service_ports": app_ports if k.cluster_role == KernelRole.MAIN else [],
             }
             for k in kernels
         ],

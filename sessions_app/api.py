@@ -252,6 +252,8 @@ class SessionOutputSerializer(serializers.ModelSerializer):
     batch_deadline = serializers.SerializerMethodField()
     seconds_left = serializers.SerializerMethodField()
     limits = serializers.SerializerMethodField()
+    ports = serializers.JSONField(source="preopen_ports")
+    apps = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -288,8 +290,14 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "batch_deadline",
             "seconds_left",
             "limits",
+            "ports",
+            "apps",
             "kernels",
         ]
+
+    def get_apps(self, obj: Session) -> list[dict[str, Any]]:
+        """main1's apps (the image's, then the user's ports), for the launcher."""
+        return [app.to_dict() for app in selectors.session_apps(session=obj)]
 
     def get_total_resources(self, obj: Session) -> dict[str, str]:
         return obj.total_slots()
@@ -514,6 +522,24 @@ class SessionDetailApi(APIView):
         session = selectors.get_session_for_user(user=request.user, session_id=session_id)
         _touch(session, request)
         return Response(SessionDetailSerializer(session).data)
+
+
+class SessionAppOpenApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        url = serializers.CharField()
+        origin = serializers.CharField()
+        app = serializers.JSONField()
+
+    @extend_schema(
+        request=None,
+        responses=OutputSerializer,
+        description="A one-time link (valid BAI_APP_LINK_TTL seconds) that opens an app of "
+        "main1 on the apps origin; the app starts on the first request if it is not running.",
+    )
+    def post(self, request: Request, session_id: str, app: str) -> Response:
+        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        opened = services.app_open(user=request.user, session=session, name=app)
+        return Response(self.OutputSerializer(opened).data)
 
 
 class SessionTerminateApi(APIView):

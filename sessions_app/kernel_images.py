@@ -4,7 +4,7 @@ Two images:
 
 * ``bai-kernel/minimal:1`` -- Debian's static busybox plus applet symlinks, a ``work`` user
   (uid/gid 1000) and nothing else. Built in memory with :mod:`tarfile` in ~0.1 s.
-* ``bai-kernel/python:1`` -- a ``debootstrap --variant=minbase`` bookworm root with python3,
+* ``bai-kernel/python:2`` -- a ``debootstrap --variant=minbase`` bookworm root with python3,
   openssh-server/-client, iproute2 and procps. Takes ~40 s cold; the finished root tarball is cached
   outside the repository keyed on a hash of its recipe, so later builds only ``docker import`` it.
 
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 MINIMAL_IMAGE = "bai-kernel/minimal:1"
-PYTHON_IMAGE = "bai-kernel/python:1"
+PYTHON_IMAGE = "bai-kernel/python:2"
 
 RECIPE_LABEL = "ai.backend.recipe"
 SSH_LABEL = "ai.backend.supports-ssh"  # "true" when the image carries /usr/sbin/sshd
@@ -62,7 +62,30 @@ BUSYBOX_PATH = "/bin/busybox"
 # Bump when the build procedure changes in a way the hashed recipe below would not capture.
 RECIPE_VERSION = 1
 PYTHON_SUITE = "bookworm"
-PYTHON_PACKAGES = ("python3", "openssh-server", "openssh-client", "iproute2", "procps")
+PYTHON_PACKAGES = (
+    "python3",
+    "openssh-server",
+    "openssh-client",
+    "iproute2",
+    "procps",
+    "jupyter-notebook",
+)
+
+# The Python image's intrinsic app. The agent runs the start command on demand (the
+# first time the app is opened), as the kernel user in the home, with the address
+# ($BAI_APP_BIND, $BAI_APP_PORT) and the secret the proxy presents ($BAI_APP_TOKEN).
+JUPYTER_PORT = 8888
+JUPYTER_APP = {
+    "name": "jupyter",
+    "protocol": "http",
+    "port": JUPYTER_PORT,
+    "start_command": (
+        'exec jupyter notebook --no-browser --ip="$BAI_APP_BIND" --port="$BAI_APP_PORT" '
+        '--NotebookApp.token="$BAI_APP_TOKEN" --NotebookApp.password= '
+        '--NotebookApp.allow_remote_access=True --NotebookApp.notebook_dir="$HOME" '
+        "--NotebookApp.port_retries=0"
+    ),
+}
 
 Progress = Callable[[str], None]
 
@@ -570,7 +593,7 @@ def build_python(
     force: bool = False,
     client: Any = None,
 ) -> BuiltImage:
-    """Build ``bai-kernel/python:1``: engine hit -> nothing; cache hit -> import; else debootstrap.
+    """Build ``bai-kernel/python:2``: engine hit -> nothing; cache hit -> import; else debootstrap.
 
     ``force`` rebuilds the root filesystem from scratch and replaces the cached tarball.
     """

@@ -31,7 +31,7 @@ from django.utils.dateparse import parse_datetime
 from bai_common.units import format_amount
 
 from . import policy as rules
-from . import selectors
+from . import selectors, service_ports
 from . import slots as slotlib
 from .errors import Conflict, Forbidden, InvalidInput, QuotaExceeded, field_error
 from .models import (
@@ -85,6 +85,7 @@ class LaunchPlan:
     batch_timeout: timedelta | None
     template: SessionTemplate | None
     agents: tuple[str, ...]
+    ports: tuple[int, ...] = ()
 
     @property
     def kernel_slots(self) -> list[dict[str, Decimal]]:
@@ -194,6 +195,7 @@ def _plan(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, ResourcePo
         batch_timeout=_check_batch_timeout(spec.get("batch_timeout"), session_type, bad),
         template=template,
         agents=_check_agents(owner, group, spec.get("agents") or [], bad),
+        ports=_check_ports(spec.get("ports") or [], main.image, bad),
     )
     bad.raise_if_any()
     return plan, policy
@@ -382,6 +384,14 @@ def _check_name(name: str | None, bad: _Errors) -> str:
             "name", "use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return name
+
+
+def _check_ports(ports: list[int], image: Image | None, bad: _Errors) -> tuple[int, ...]:
+    """The user's own ports of main1: not reserved, not the image's, no twins, a few."""
+    declared = image.service_ports if image is not None else []
+    for message in service_ports.preopen_errors(ports, declared):
+        bad("ports", message)
+    return tuple(ports)
 
 
 def _check_command(command: str, session_type: str, bad: _Errors) -> str:

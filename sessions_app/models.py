@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from bai_common.units import format_decimal
+
+from .service_ports import declaration_errors
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +225,12 @@ class Agent(models.Model):
         return token
 
 
+def validate_service_ports(value: Any) -> None:
+    errors = declaration_errors(value)
+    if errors:
+        raise ValidationError(errors)
+
+
 class Image(models.Model):
     reference = models.CharField(max_length=255, unique=True)
     display_name = models.CharField(max_length=128, blank=True)
@@ -234,6 +243,16 @@ class Image(models.Model):
         default=dict, blank=True, help_text='e.g. {"cpu": "1", "mem": "268435456"}'
     )
     supports_ssh = models.BooleanField(default=False)
+    service_ports = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_service_ports],
+        help_text=(
+            'The apps of main1, e.g. [{"name": "jupyter", "protocol": "http", "port": 8888, '
+            '"start_command": "..."}]; protocol http or tcp; a start command starts the app '
+            "on demand (with $BAI_APP_BIND, $BAI_APP_PORT and $BAI_APP_TOKEN set)."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -574,6 +593,8 @@ class Session(_Transitions):
     # (empty: any agent of its resource group). The scheduler places it only there.
     designated_agents = models.JSONField(default=list, blank=True)
     last_activity_at = models.DateTimeField(default=timezone.now)
+    # The user's own ports opened at launch ("preopen"), reachable like the image's apps.
+    preopen_ports = models.JSONField(default=list, blank=True)
     ssh_private_key = models.TextField(blank=True, editable=False)
     ssh_public_key = models.TextField(blank=True, editable=False)
 

@@ -16,6 +16,7 @@ from django.db.models.functions import Cast
 
 from bai_common import units
 
+from . import service_ports
 from .errors import NotFound
 from .models import (
     ACTIVE,
@@ -82,6 +83,21 @@ def get_kernel_for_user(*, user: AbstractBaseUser, session_id: object, kernel_re
     if kernel is None:
         raise NotFound("No such kernel in this session.")
     return kernel
+
+
+def session_apps(*, session: Session) -> list[service_ports.App]:
+    """The apps of a session's main1: its image's declared apps, then the user's
+    own ports. Reads the prefetched kernels; asks for main1's image only when a
+    per-role template gave main1 an image other than the session's."""
+    main = next((k for k in session.kernels.all() if k.cluster_role == "main"), None)
+    image = session.image
+    if main is not None and main.image != image.reference:
+        image = Image.objects.filter(reference=main.image).first() or image
+    return service_ports.session_apps(image.service_ports, list(session.preopen_ports or []))
+
+
+def session_app(*, session: Session, name: str) -> service_ports.App | None:
+    return next((a for a in session_apps(session=session) if a.name == name), None)
 
 
 def session_events(*, session: Session) -> QuerySet[SessionEvent]:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import stat
+import uuid
 from collections import deque
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core import signing
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -26,7 +29,7 @@ from agent import protocol
 from . import live
 from . import policy as rules
 from . import slots as slotlib
-from .errors import Conflict, field_error
+from .errors import Conflict, NotFound, field_error
 from .launch import FOLDER_NAME, LaunchPlan, name_conflict, plan_launch
 from .models import (
     ACTIVE,
@@ -87,6 +90,7 @@ def _session_insert(*, owner: AbstractBaseUser, plan: LaunchPlan) -> Session:
         starts_at=plan.starts_at,
         batch_timeout=plan.batch_timeout,
         designated_agents=list(plan.agents),
+        preopen_ports=list(plan.ports),
         ssh_private_key=private_key,
         ssh_public_key=public_key,
     )
@@ -370,3 +374,44 @@ def template_save(
             f"A template named {name!r} exists already.", {"fields": {"name": ["already exists"]}}
         ) from None
     return template
+
+
+# --- apps (service ports) ----------------------------------------------------------
+
+APP_LINK_SALT = "bai.apps.link"
+APP_COOKIE_SALT = "bai.apps.cookie"
+APP_SECRET_SALT = "bai.apps.secret"
+
+
+def app_host_label(*, session_id: object, app: str) -> str:
+    """The first label of an app's own host name: one origin per session and app."""
+    return f"{uuid.UUID(str(session_id)).hex}-{app}"
+
+
+def app_secret(*, session_id: object, app: str) -> str:
+    """The secret the proxy presents to an app it started (Jupyter's token)."""
+    return signing.Signer(salt=APP_SECRET_SALT).signature(f"{session_id}:{app}")
+
+
+def app_open(*, user: AbstractBaseUser, session: Session, name: str) -> dict[str, Any]:
+    """A short-lived, one-time link to an app of a running session, bound to this
+    user, session and app; the apps origin trades it for a cookie of that app alone.
+    The caller checked that ``user`` may see ``session``."""
+    from . import selectors
+
+    app = selectors.session_app(session=session, name=name)
+    if app is None:
+        raise NotFound(f"This session has no app named {name!r}.")
+    if session.status != Status.RUNNING:
+        raise Conflict(f"The session is {session.status.lower()}: its apps open once it runs.")
+    if app.protocol != "http":
+        raise Conflict(f"{name} is a TCP port: forward it with `bai app {session.pk} {name}`.")
+    token = signing.dumps(
+        {"u": user.pk, "s": str(session.pk), "a": name, "n": secrets.token_hex(8)},
+        salt=APP_LINK_SALT,
+    )
+    scheme, _, rest = settings.BAI_APPS_ORIGIN.partition("://")
+    origin = f"{scheme}://{app_host_label(session_id=session.pk, app=name)}.{rest}"
+    session_touch(session_id=session.pk)
+    logger.info("app %s of session %s opened by user %s", name, session.pk, user.pk)
+    return {"url": f"{origin}/_bai/open?t={token}", "origin": origin, "app": app.to_dict()}

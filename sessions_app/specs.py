@@ -166,6 +166,22 @@ SPEC_PROPERTIES: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {"main": _ROLE, "sub": _ROLE},
     },
+    # The user's own service ports of main1 ("preopen"); launch.py judges their meaning.
+    "ports": {
+        "type": "array",
+        "maxItems": 4,
+        "items": {
+            "type": "integer",
+            "minimum": 1024,
+            "maximum": 65535,
+            "x-errors": {
+                "type": "{value!r} is not a port number",
+                "minimum": "{value}: a port must be from 1024 to 65535",
+                "maximum": "{value}: a port must be from 1024 to 65535",
+            },
+        },
+        "x-errors": {"type": "must be a list of port numbers", "maxItems": "at most 4 ports"},
+    },
 }
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -14,6 +14,11 @@ urlpatterns = [
         name="api-session-terminate",
     ),
     path(
+        "sessions/<str:session_id>/apps/<str:app>/open/",
+        api.SessionAppOpenApi.as_view(),
+        name="api-session-app-open",
+    ),
+    path(
         "sessions/<str:session_id>/kernels/<str:kernel_id>/logs/",
         api.KernelLogsApi.as_view(),
         name="api-kernel-logs",

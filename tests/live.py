@@ -79,6 +79,8 @@ class LiveSystem:
         self.tmp_path = tmp_path
         self.server: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.apps_port = 0
+        self.apps: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
@@ -94,12 +96,17 @@ class LiveSystem:
         from django.conf import settings
 
         self.port = free_port()
+        self.apps_port = free_port()
         env = server_environment(
             settings,
             BAI_CHANNEL_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
             BAI_VAR_DIR=str(self.tmp_path / "var"),
+            BAI_APPS_PORT=str(self.apps_port),
+            BAI_APPS_ORIGIN=self.apps_origin,
+            BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{self.apps_port}",
             **extra_env,
         )
+        self.env = env
         self.server_log = open(self.tmp_path / "daphne.log", "wb")  # noqa: SIM115
         self.server = subprocess.Popen(
             [
@@ -119,6 +126,41 @@ class LiveSystem:
         )
         wait_http(f"{self.url}/login/", self.server)
         return self
+
+    @property
+    def apps_origin(self) -> str:
+        return f"http://apps.localhost:{self.apps_port}"
+
+    def start_apps(self) -> LiveSystem:
+        """The apps proxy (proxy_app) on its own port, as scripts/run starts it."""
+        self.apps_log = open(self.tmp_path / "apps.log", "wb")  # noqa: SIM115
+        self.apps = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.apps_port),
+                "proxy_app.asgi:application",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.apps_log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            if self.apps.poll() is not None:
+                raise RuntimeError(f"the apps proxy exited with {self.apps.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.apps_port), timeout=1).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def start_agent(
         self, agent: Any, *extra: str, backend: str = "docker"
@@ -167,6 +209,9 @@ class LiveSystem:
     def stop(self) -> None:
         for agent_id in list(self.agents):
             self.kill_agent(agent_id, signal.SIGTERM)
+        if self.apps is not None:
+            stop_process(self.apps)
+            self.apps_log.close()
         if self.server is not None:
             stop_process(self.server)
             self.server_log.close()

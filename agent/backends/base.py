@@ -272,6 +272,18 @@ class Backend(ABC):
     ) -> TermChannel:
         """Start a login shell in a running kernel. Raise KernelError if impossible."""
 
+    # --- service ports (apps) ---------------------------------------------------------
+
+    async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
+        """Where this host reaches ``port`` of a running kernel. Raise KernelError if
+        the kernel is not running here."""
+        raise KernelError("this backend has no service ports")
+
+    async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
+        """Run an app's start command in a running kernel, detached, as the kernel user in
+        its home, with ``env`` added to the kernel's environment."""
+        raise KernelError("this backend cannot start apps")
+
     # --- helpers for subclasses ----------------------------------------------------
 
     def set_status(self, state: KernelState, status: str, **changes: Any) -> None:

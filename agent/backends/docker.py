@@ -562,7 +562,11 @@ class DockerBackend(Backend):
         mounts.insert(0, Mount(target=HOME, source=str(home), type="bind"))
         # A kernel alone in its session talks to no peer: no network at all
         # (no route out either), and no network to create or remove.
-        alone = len(kspec.get("cluster_hosts") or [state.hostname]) <= 1
+        # A kernel with service ports gets its session network even alone: the host
+        # reaches the container at its address on that internal bridge (the app proxy's path).
+        alone = len(kspec.get("cluster_hosts") or [state.hostname]) <= 1 and not kspec.get(
+            "service_ports"
+        )
         network_id = "none" if alone else await self._ensure_network(state)
         try:
             kwargs = self._container_config(state, kspec, env, mounts, network_id)
@@ -835,6 +839,44 @@ class DockerBackend(Backend):
         finally:
             pipe.close()
             _shutdown_response(holder.get("response"))
+
+    # --- service ports ------------------------------------------------------------------
+
+    async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING or not state.container_id:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        address = state.extra.get("address")
+        if not address:
+            info = await self._call(self.api.inspect_container, state.container_id)
+            networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+            wanted = networks.get(state.extra.get("network") or "") or next(
+                iter(networks.values()), {}
+            )
+            address = wanted.get("IPAddress") or ""
+            if not address:
+                raise KernelError(f"kernel {kernel_id} has no network address (no network)")
+            state.extra["address"] = address
+        return address, port
+
+    async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING or not state.container_id:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        container_id = state.container_id
+        script = command  # an exec inherits the container's environment (the kernel's)
+
+        def run() -> None:
+            exec_id = self.api.exec_create(
+                container_id,
+                ["/bin/sh", "-c", script],
+                user=f"{KERNEL_UID}:{KERNEL_GID}",
+                environment={"HOME": HOME, **env},
+                workdir=HOME,
+            )["Id"]
+            self.api.exec_start(exec_id, detach=True)
+
+        await self._call(run)
 
     # --- terminals ----------------------------------------------------------------------
 

@@ -533,6 +533,36 @@ class ProcessBackend(Backend):
 
     # --- terminals --------------------------------------------------------------------
 
+    async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        return "127.0.0.1", port
+
+    async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        info = state.extra["info"]
+        uid, gid = info.get("uid"), info.get("gid")
+        limits = KernelLimits(Decimal(0), int(info.get("mem") or MIN_MEM))
+        try:
+            subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                cwd=info["dir"],
+                env={**info["env"], **env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                # In the kernel's process group: destroying the kernel ends the app too.
+                process_group=int(info["pid"]),
+                preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
+                close_fds=True,
+                **self._identity(uid, gid),
+            )
+        except OSError as exc:
+            raise KernelError(f"cannot start the app: {exc}") from exc
+
     async def spawn_terminal(
         self,
         kernel_id: str,

@@ -17,7 +17,7 @@ from tests.live import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
-PYTHON_IMAGE = "bai-kernel/python:1"
+PYTHON_IMAGE = "bai-kernel/python:2"
 MINIMAL_IMAGE = "bai-kernel/minimal:1"
 
 

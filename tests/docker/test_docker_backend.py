@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.asyncio]
 
 HOSTS = ("main1", "sub1", "sub2")
 IN_CI = os.environ.get("CI") == "true"
-PYTHON_IMAGE = "bai-kernel/python:1"  # manage.py build_kernel_images: python3, sshd, ssh
+PYTHON_IMAGE = "bai-kernel/python:2"  # manage.py build_kernel_images: python3, sshd, ssh
 
 
 class Frames:

@@ -44,7 +44,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 IMAGES = {
-    "bai-kernel/python:1": ("Python 3", True),
+    "bai-kernel/python:2": ("Python 3", True),
     "bai-kernel/minimal:1": ("Minimal (busybox)", False),
 }
 PASSWORDS = {"alice": "alice-pass-123", "bob": "bob-pass-123"}

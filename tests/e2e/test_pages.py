@@ -53,7 +53,7 @@ def test_a_user_launches_a_three_node_cluster_and_works_in_it(
     page = login("alice")
     shot(page, "sessions-empty")
 
-    _launch(page, image="bai-kernel/python:1", size=3, mode="multi-node", name="trio")
+    _launch(page, image="bai-kernel/python:2", size=3, mode="multi-node", name="trio")
     page.click("#env-add")
     page.fill('#f-env .env-row:last-child [data-env="key"]', "GREETING")
     page.fill('#f-env .env-row:last-child [data-env="value"]', "hello")

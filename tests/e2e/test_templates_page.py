@@ -74,7 +74,7 @@ def test_a_user_makes_a_template_with_a_sub_role_edits_it_and_imports_its_export
     page.wait_for_function("() => window.formReady === true")
     page.fill("#t-name", "trainer")
     page.fill("#t-description", "main on Python, two busybox workers")
-    page.select_option("#t-image", "bai-kernel/python:1")
+    page.select_option("#t-image", "bai-kernel/python:2")
     page.check('input[name=cluster_mode][value="multi-node"]', force=True)
     page.fill("#t-size", "3")
     assert page.input_value("#t-replicas") == "2"  # the sub replicas follow the cluster size
@@ -111,7 +111,7 @@ def test_a_user_makes_a_template_with_a_sub_role_edits_it_and_imports_its_export
     shot(page, "list-one-template")
     saved = _templates(page)["trainer"]
     assert saved["spec"] == {
-        "image": "bai-kernel/python:1",
+        "image": "bai-kernel/python:2",
         "type": "interactive",
         "cluster_mode": "multi-node",
         "cluster_size": 3,

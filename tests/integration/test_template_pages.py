@@ -19,7 +19,7 @@ UNEVEN = {
     "cluster_mode": "multi-node",
     "resources": {"cpu": "0.25", "mem": "256m"},
     "roles": {
-        "main": {"image": "bai-kernel/python:1", "resources": {"mem": "512m"}},
+        "main": {"image": "bai-kernel/python:2", "resources": {"mem": "512m"}},
         "sub": {"replicas": 2},
     },
 }
@@ -55,7 +55,7 @@ def test_a_row_gives_each_role_its_image_and_resources_as_the_launch_makes_them(
     row = rows(client.get("/templates/"))["alices"]
     assert row["cluster_size"] == 3
     assert row["cluster_mode"] == "multi-node"
-    assert row["role_images"] == [("main1", "bai-kernel/python:1")]
+    assert row["role_images"] == [("main1", "bai-kernel/python:2")]
     assert row["resources"] == [
         ("main1", "0.25 CPU · 512 MiB"),
         ("sub1–sub2", "0.25 CPU · 256 MiB"),

@@ -16,9 +16,10 @@ IMAGE_INFO = {
         "description": "A 2 MB busybox shell: fast to start; no SSH.",
         "min_slots": {"cpu": "0.1", "mem": str(16 * 2**20)},
     },
-    "bai-kernel/python:1": {
-        "display_name": "Python 3 + SSH (Debian bookworm)",
-        "description": "Python 3, an SSH server and client: `ssh sub1` works in clusters.",
+    "bai-kernel/python:2": {
+        "display_name": "Python 3 + SSH + Jupyter (Debian bookworm)",
+        "description": "Python 3, Jupyter Notebook, an SSH server and client: `ssh sub1` works.",
+        "service_ports": [images.JUPYTER_APP],
         "min_slots": {"cpu": "0.25", "mem": str(64 * 2**20)},
     },
 }

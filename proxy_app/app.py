@@ -1,0 +1,234 @@
+"""The apps proxy: a plain ASGI application on the apps origin (its own port).
+
+Every app has an origin of its own, ``http://<session hex>-<app>.<apps host>:<port>``,
+so an app's pages never share cookies or storage with the manager or with another app.
+
+- ``GET /_bai/open?t=<link>`` on an app's host: trade the launcher's one-time link for
+  this app's cookie (host-only, HttpOnly), then go to ``/``.
+- any other path of an app's host: the app itself, for its owner (or an admin) holding
+  the cookie: HTTP with every method and streamed bodies, and websockets.
+- ``/_bai/tcp/<session id>/<app>`` (websocket, ``Authorization: Token``): a TCP
+  connection of the ``bai app`` client, byte for byte.
+- ``/tunnel/<id>/`` (websocket): an agent dialling back for one proxied connection.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from . import access, forward, tunnels
+
+logger = logging.getLogger(__name__)
+
+CSP = b"default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'none'"
+TOUCH_EVERY = 10.0  # seconds between activity marks of one session
+_touched: dict[str, float] = {}
+
+
+async def _page(send: Any, status: int, title: str, text: str) -> None:
+    body = (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title></head><body><main><h1>{html.escape(title)}</h1>"
+        f"<p>{html.escape(text)}</p></main></body></html>"
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/html; charset=utf-8"),
+                (b"content-security-policy", CSP),
+                (b"cache-control", b"no-store"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _activity(session_id: str) -> None:
+    now = time.monotonic()
+    if now - _touched.get(session_id, 0.0) >= TOUCH_EVERY:
+        _touched[session_id] = now
+        await sync_to_async(access.touch)(session_id)
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _cookie(scope: dict[str, Any]) -> str:
+    jar = SimpleCookie()
+    try:
+        jar.load(_header(scope, b"cookie"))
+    except Exception:
+        return ""
+    morsel = jar.get(access.COOKIE)
+    return morsel.value if morsel else ""
+
+
+def _own_origin(scope: dict[str, Any]) -> str:
+    scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+    return f"{scheme}://{_header(scope, b'host')}"
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    kind = scope["type"]
+    if kind == "lifespan":
+        while True:
+            event = await receive()
+            if event["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif event["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    path = scope["path"]
+    if kind == "websocket" and path.startswith("/tunnel/"):
+        await tunnels.serve_agent_end(scope, receive, send)
+    elif kind == "websocket" and path.startswith("/_bai/tcp/"):
+        await _tcp(scope, receive, send)
+    else:
+        await _app(scope, receive, send)
+
+
+async def _refuse(scope: dict[str, Any], send: Any, status: int, title: str, text: str) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 4000 + status})
+    else:
+        await _page(send, status, title, text)
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    parsed = access.parse_host(_header(scope, b"host"))
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+    if parsed is None:
+        await _refuse(scope, send, 404, "Not found", "No app is served at this address.")
+        return
+    session_id, app = parsed
+    if scope["type"] == "http" and scope["path"] == "/_bai/open":
+        await _trade_link(scope, send, session_id, app)
+        return
+    user_id = access.read_cookie(_cookie(scope), session_id, app)
+    target = None
+    if user_id is not None:
+        target = await sync_to_async(access.cached_resolve)(user_id, session_id, app)
+    if target is None:
+        await _refuse(
+            scope, send, 403, "Forbidden", "Open this app from its session's page to use it."
+        )
+        return
+    # A page of another origin (another app among them) never drives this one.
+    origin = _header(scope, b"origin")
+    unsafe = scope["type"] == "websocket" or scope["method"] not in ("GET", "HEAD", "OPTIONS")
+    if unsafe and origin and origin != _own_origin(scope):
+        await _refuse(scope, send, 403, "Forbidden", "Requests from another origin are refused.")
+        return
+    if not target.running:
+        await _refuse(
+            scope,
+            send,
+            410,
+            "This session has ended",
+            f"The session of this app is {target.status.lower()}, so {target.app.title} "
+            "is no longer available. Launch a new session from the manager.",
+        )
+        return
+    await _activity(session_id)
+    try:
+        tunnel = await tunnels.open_tunnel(target)
+    except tunnels.TunnelFailed as exc:
+        await _refuse(scope, send, 502, f"{target.app.title} is not reachable", str(exc))
+        return
+    try:
+        if scope["type"] == "websocket":
+            await forward.forward_websocket(scope, receive, send, tunnel, target)
+        else:
+            await forward.forward_http(scope, receive, send, tunnel, target)
+    except forward.UpstreamError as exc:
+        await _page(
+            send,
+            502,
+            f"{target.app.title} is not reachable",
+            f"{exc} (port {target.app.port} of the session's main kernel).",
+        )
+    finally:
+        await tunnel.close()
+        await _activity(session_id)
+
+
+async def _trade_link(scope: dict[str, Any], send: Any, session_id: str, app: str) -> None:
+    token = (parse_qs(scope.get("query_string", b"").decode()).get("t") or [""])[0]
+    user_id = await sync_to_async(access.trade_link)(token, session_id, app)
+    target = None
+    if user_id is not None:
+        target = await sync_to_async(access.cached_resolve)(user_id, session_id, app)
+    if target is None:
+        await _page(
+            send,
+            403,
+            "This link does not open the app",
+            "Links to apps work once, for a minute, for the user who asked: "
+            "open the app again from its session's page.",
+        )
+        return
+    secure = "; Secure" if scope.get("scheme") == "https" else ""
+    # No Domain attribute: host-only, so no other app (and not the manager) receives it.
+    cookie = (
+        f"{access.COOKIE}={access.make_cookie(user_id, session_id, app)}; Path=/; HttpOnly; "
+        f"SameSite=Lax; Max-Age={settings.BAI_APP_COOKIE_TTL}{secure}"
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 302,
+            "headers": [
+                (b"location", b"/"),
+                (b"set-cookie", cookie.encode()),
+                (b"cache-control", b"no-store"),
+                (b"referrer-policy", b"no-referrer"),
+                (b"content-length", b"0"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _tcp(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await receive()  # websocket.connect
+    parts = scope["path"].strip("/").split("/")
+    user = await sync_to_async(access.resolve_token_user)(_header(scope, b"authorization"))
+    target = None
+    if user is not None and len(parts) == 4:
+        target = await sync_to_async(access.resolve)(
+            user_id=user.pk, session_id=parts[2], app=parts[3]
+        )
+    if target is None:
+        await send({"type": "websocket.close", "code": 4404})
+        return
+    if not target.running:
+        await send({"type": "websocket.close", "code": 4410})
+        return
+    try:
+        tunnel = await tunnels.open_tunnel(target)
+    except tunnels.TunnelFailed:
+        await send({"type": "websocket.close", "code": 4502})
+        return
+    await send({"type": "websocket.accept"})
+    await _activity(target.session_id)
+    try:
+        await forward.relay_bytes(receive, send, tunnel)
+    finally:
+        await tunnel.close()
+        await _activity(target.session_id)

@@ -1,0 +1,253 @@
+"""Carrying a request over a tunnel: HTTP/1.1 (h11) and websockets (the sans-I/O
+protocol of ``websockets``). Bodies stream both ways a chunk at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from http.cookies import SimpleCookie
+from typing import Any
+
+import h11
+from websockets.client import ClientProtocol
+from websockets.frames import Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+from .access import COOKIE, Target
+from .tunnels import Tunnel
+
+HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"sec-websocket-key",
+    b"sec-websocket-version",
+    b"sec-websocket-extensions",
+    b"sec-websocket-protocol",
+}
+# Never passed to an app: the apps origin's own cookie, and the manager's (should a
+# browser ever send them here).
+PRIVATE_COOKIES = {COOKIE, "sessionid", "csrftoken"}
+
+
+class UpstreamError(Exception):
+    pass
+
+
+def _cookie_header(value: bytes) -> bytes | None:
+    jar = SimpleCookie()
+    try:
+        jar.load(value.decode("latin-1"))
+    except Exception:
+        return None
+    kept = [f"{k}={m.coded_value}" for k, m in jar.items() if k not in PRIVATE_COOKIES]
+    return "; ".join(kept).encode("latin-1") if kept else None
+
+
+def upstream_headers(scope: dict[str, Any], target: Target) -> list[tuple[bytes, bytes]]:
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in scope["headers"]:
+        name = name.lower()
+        if name in HOP_BY_HOP or name == b"authorization" and target.secret:
+            continue
+        if name == b"cookie":
+            value = _cookie_header(value)
+            if value is None:
+                continue
+        out.append((name, value))
+    if target.secret:  # an app the proxy started (Jupyter): it trusts this token
+        out.append((b"authorization", b"token " + target.secret.encode()))
+    client = scope.get("client")
+    if client:
+        out.append((b"x-forwarded-for", str(client[0]).encode()))
+    return out
+
+
+def _target(scope: dict[str, Any]) -> bytes:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    return path + (b"?" + query if query else b"")
+
+
+async def forward_http(
+    scope: dict[str, Any], receive: Any, send: Any, tunnel: Tunnel, target: Target
+) -> None:
+    """One request and its response over a fresh tunnel (closed afterwards)."""
+    conn = h11.Connection(h11.CLIENT)
+    headers = upstream_headers(scope, target)
+    names = {n for n, _ in headers}
+    first = await receive()
+    body, more = first.get("body", b""), first.get("more_body", False)
+    if b"content-length" not in names and (body or more):
+        headers.append((b"transfer-encoding", b"chunked"))
+    headers.append((b"connection", b"close"))
+    request = h11.Request(method=scope["method"], target=_target(scope), headers=headers)
+    await tunnel.write(conn.send(request))
+    while True:
+        if body:
+            await tunnel.write(conn.send(h11.Data(data=body)))
+        if not more:
+            break
+        event = await receive()
+        if event["type"] == "http.disconnect":
+            raise UpstreamError("the browser went away")
+        body, more = event.get("body", b""), event.get("more_body", False)
+    await tunnel.write(conn.send(h11.EndOfMessage()))
+    started = False
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await tunnel.read()
+            if data is None and not started:
+                raise UpstreamError(
+                    "the app could not be reached"
+                    if tunnel.close_code == 4502
+                    else "the app closed the connection without an answer"
+                )
+            conn.receive_data(data or b"")
+            continue
+        if isinstance(event, h11.Response | h11.InformationalResponse):
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            kept = [(n, v) for n, v in event.headers if n.lower() not in HOP_BY_HOP]
+            await send(
+                {"type": "http.response.start", "status": event.status_code, "headers": kept}
+            )
+            started = True
+        elif isinstance(event, h11.Data):
+            await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+
+
+async def forward_websocket(
+    scope: dict[str, Any], receive: Any, send: Any, tunnel: Tunnel, target: Target
+) -> None:
+    """A browser websocket (already connected, not yet accepted) to the app."""
+    host = dict(scope["headers"]).get(b"host", b"app").decode("latin-1")
+    path = _target(scope).decode("latin-1")
+    protocols = [
+        p.strip()
+        for name, value in scope["headers"]
+        if name.lower() == b"sec-websocket-protocol"
+        for p in value.decode("latin-1").split(",")
+        if p.strip()
+    ]
+    proto = ClientProtocol(
+        parse_uri(f"ws://{host}{path}"), subprotocols=protocols or None, max_size=None
+    )
+    request = proto.connect()
+    for name, value in upstream_headers(scope, target):
+        if name in (b"host",):
+            continue
+        request.headers[name.decode("latin-1")] = value.decode("latin-1")
+    proto.send_request(request)
+    await tunnel.write(b"".join(proto.data_to_send()))
+    response: Response | None = None
+    while response is None:
+        data = await tunnel.read()
+        if data is None:
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        proto.receive_data(data)
+        for event in proto.events_received():
+            if isinstance(event, Response):
+                response = event
+    if response.status_code != 101 or proto.handshake_exc is not None:
+        await send({"type": "websocket.close", "code": 1011})
+        return
+    accept: dict[str, Any] = {"type": "websocket.accept"}
+    if proto.subprotocol:
+        accept["subprotocol"] = proto.subprotocol
+    await send(accept)
+
+    async def to_app() -> None:
+        while True:
+            event = await receive()
+            if event["type"] == "websocket.receive":
+                if event.get("text") is not None:
+                    proto.send_text(event["text"].encode())
+                else:
+                    proto.send_binary(event.get("bytes") or b"")
+            elif event["type"] == "websocket.disconnect":
+                with contextlib.suppress(Exception):
+                    proto.send_close(1000)
+                    await tunnel.write(b"".join(proto.data_to_send()))
+                return
+            await tunnel.write(b"".join(proto.data_to_send()))
+
+    async def to_browser() -> None:
+        parts: list[bytes] = []
+        kind = Opcode.TEXT
+        while True:
+            data = await tunnel.read()
+            if data is None:
+                return
+            proto.receive_data(data)
+            for frame in proto.events_received():
+                if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
+                    kind, parts = frame.opcode, [frame.data]
+                elif frame.opcode == Opcode.CONT:
+                    parts.append(frame.data)
+                elif frame.opcode == Opcode.CLOSE:
+                    return
+                else:
+                    continue
+                if frame.fin:
+                    payload = b"".join(parts)
+                    parts = []
+                    if kind == Opcode.TEXT:
+                        await send({"type": "websocket.send", "text": payload.decode()})
+                    else:
+                        await send({"type": "websocket.send", "bytes": payload})
+            pending = proto.data_to_send()
+            if pending:
+                await tunnel.write(b"".join(pending))
+
+    tasks = [asyncio.create_task(to_app()), asyncio.create_task(to_browser())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    with contextlib.suppress(Exception):
+        await send({"type": "websocket.close", "code": 1000})
+
+
+async def relay_bytes(receive: Any, send: Any, tunnel: Tunnel) -> None:
+    """A websocket of the ``bai`` client carrying a TCP connection, byte for byte."""
+
+    async def up() -> None:
+        while True:
+            event = await receive()
+            if event["type"] == "websocket.disconnect":
+                return
+            data = event.get("bytes")
+            if data is None:
+                data = (event.get("text") or "").encode()
+            await tunnel.write(data)
+
+    async def down() -> None:
+        while True:
+            data = await tunnel.read()
+            if data is None:
+                return
+            await send({"type": "websocket.send", "bytes": data})
+
+    tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    with contextlib.suppress(Exception):
+        await send({"type": "websocket.close", "code": 1000})

@@ -1,0 +1,120 @@
+"""Tunnels: one websocket from an agent per proxied connection.
+
+The proxy asks the agent (``tunnel_open`` through the agent's gateway) to connect to
+a kernel's port and to dial back ``/tunnel/<id>/`` here with a signed, short-lived
+token; the waiting request takes the connection when it arrives. Bytes then flow in
+binary frames between this process and the agent: no channel layer, no base64.
+A tunnel lands in the process that asked for it (the URL names it: one daphne process
+per ``BAI_APPS_TUNNEL_URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core import signing
+
+from agent import protocol
+
+from .access import Target
+
+logger = logging.getLogger(__name__)
+
+TUNNEL_SALT = "bai.apps.tunnel"
+TUNNEL_TOKEN_TTL = 90  # an app's start may take most of it
+OPEN_TIMEOUT = 75.0
+
+_waiting: dict[str, asyncio.Future[Tunnel]] = {}
+
+
+class TunnelFailed(Exception):
+    """The agent could not reach the app (or never dialled back)."""
+
+
+class Tunnel:
+    """The proxy's end of one agent websocket, driven by the request that asked for it."""
+
+    def __init__(self, receive: Any, send: Any) -> None:
+        self._receive = receive
+        self._send = send
+        self.closed = False
+        self.close_code: int | None = None
+        self.finished = asyncio.Event()
+
+    async def read(self) -> bytes | None:
+        """The next bytes from the app, or None once the agent closed."""
+        while not self.closed:
+            event = await self._receive()
+            if event["type"] == "websocket.receive":
+                data = event.get("bytes")
+                if data is None:
+                    data = (event.get("text") or "").encode()
+                if data:
+                    return data
+            elif event["type"] == "websocket.disconnect":
+                self.closed = True
+                self.close_code = event.get("code")
+        return None
+
+    async def write(self, data: bytes) -> None:
+        if data and not self.closed:
+            await self._send({"type": "websocket.send", "bytes": bytes(data)})
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self._send({"type": "websocket.close", "code": 1000})
+        self.finished.set()
+
+
+async def open_tunnel(target: Target) -> Tunnel:
+    if target.agent_id is None:
+        raise TunnelFailed("the session's main kernel has no agent")
+    tunnel_id = uuid.uuid4().hex
+    future: asyncio.Future[Tunnel] = asyncio.get_running_loop().create_future()
+    _waiting[tunnel_id] = future
+    command = {
+        "type": protocol.TUNNEL_OPEN,
+        "tunnel_id": tunnel_id,
+        "kernel_id": target.kernel_id,
+        "port": target.app.port,
+        "url": f"{settings.BAI_APPS_TUNNEL_URL.rstrip('/')}/tunnel/{tunnel_id}/",
+        "token": signing.dumps(tunnel_id, salt=TUNNEL_SALT),
+        "start_command": target.app.start_command,
+        "app_token": target.secret,
+    }
+    try:
+        await get_channel_layer().group_send(
+            protocol.agent_group(target.agent_id), protocol.gw_agent_command(command)
+        )
+        tunnel = await asyncio.wait_for(future, OPEN_TIMEOUT)
+    except TimeoutError:
+        raise TunnelFailed("the kernel's agent did not connect in time") from None
+    finally:
+        _waiting.pop(tunnel_id, None)
+    return tunnel
+
+
+async def serve_agent_end(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/tunnel/<id>/``: an agent dials back; hand its websocket to the waiting request."""
+    tunnel_id = scope["path"].strip("/").split("/")[-1]
+    token = (parse_qs(scope.get("query_string", b"").decode()).get("token") or [""])[0]
+    await receive()  # websocket.connect
+    try:
+        valid = signing.loads(token, salt=TUNNEL_SALT, max_age=TUNNEL_TOKEN_TTL) == tunnel_id
+    except signing.BadSignature:
+        valid = False
+    future = _waiting.get(tunnel_id)
+    if not valid or future is None or future.done():
+        await send({"type": "websocket.close", "code": 4403})
+        return
+    await send({"type": "websocket.accept"})
+    tunnel = Tunnel(receive, send)
+    future.set_result(tunnel)
+    await tunnel.finished.wait()

@@ -156,7 +156,7 @@ def test_images_are_labelled(docker_client: Any, built: dict[str, images.BuiltIm
     assert not _present(docker_client, "bai-kernel/does-not-exist:1")
     assert not mini.supports_ssh and py.supports_ssh
     assert mini.size_bytes < 5_000_000
-    assert 50_000_000 < py.size_bytes < 250_000_000
+    assert 50_000_000 < py.size_bytes < 500_000_000  # with Jupyter (Debian packages): ~354 MB
     labels = docker_client.images.get(images.PYTHON_IMAGE).labels
     assert labels[images.RECIPE_LABEL] == py.recipe_hash
     assert images.python_recipe_hash() in images.python_tarball_path().name

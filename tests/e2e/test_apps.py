@@ -50,6 +50,10 @@ def test_jupyter_opens_from_the_session_list_and_runs_a_cell_through_the_proxy(
     running_python, login, live_server_url, shot
 ):
     page = login("alice", screenshot=False)
+    app_requests = []
+    page.context.on(
+        "request", lambda r: app_requests.append(r) if ".apps.localhost:" in r.url else None
+    )
     row = page.locator(f'tr[data-id="{running_python.pk}"]')
     jupyter = row.locator('button[data-app="jupyter"]')
     jupyter.wait_for()
@@ -76,6 +80,15 @@ def test_jupyter_opens_from_the_session_list_and_runs_a_cell_through_the_proxy(
     assert output.inner_text().strip() == "42"
     shot(notebook, "notebook-output-42", axe_exclude=JUPYTER_PAGE)
     assert not page.js_errors
+
+    # The browser holds the manager's cookies (its host:port) and sent none to the apps origin.
+    manager_cookies = page.context.cookies(live_server_url)
+    assert {c["name"] for c in manager_cookies} >= {"sessionid", "csrftoken"}
+    assert len(app_requests) > 10
+    for request in app_requests:
+        sent = request.all_headers().get("cookie", "")
+        for c in manager_cookies:
+            assert c["value"] not in sent, f"{c['name']} went to {request.url}"
 
 
 def test_the_detail_page_offers_the_apps_and_says_why_an_app_did_not_open(

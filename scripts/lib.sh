@@ -34,6 +34,11 @@ ensure_venv() {
     "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
     echo "$want" > "$stamp"
   fi
+  if [ ! -x "$VENV/bin/bai" ]; then
+    # The `bai` console script (bai_client/), editable and offline: the venv has setuptools.
+    say "installing the bai command"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+  fi
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"
 }

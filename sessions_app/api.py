@@ -296,8 +296,15 @@ class SessionOutputSerializer(serializers.ModelSerializer):
         ]
 
     def get_apps(self, obj: Session) -> list[dict[str, Any]]:
-        """main1's apps (the image's, then the user's ports), for the launcher."""
-        return [app.to_dict() for app in selectors.session_apps(session=obj)]
+        """main1's apps (the image's, then the user's ports), for the launcher; each
+        with the websocket that ``bai app`` forwards a local port through."""
+        return [
+            {
+                **app.to_dict(),
+                "forward_url": services.app_forward_url(session_id=obj.pk, app=app.name),
+            }
+            for app in selectors.session_apps(session=obj)
+        ]
 
     def get_total_resources(self, obj: Session) -> dict[str, str]:
         return obj.total_slots()

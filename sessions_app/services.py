@@ -388,6 +388,13 @@ def app_host_label(*, session_id: object, app: str) -> str:
     return f"{uuid.UUID(str(session_id)).hex}-{app}"
 
 
+def app_forward_url(*, session_id: object, app: str) -> str:
+    """The apps proxy's raw-TCP websocket for an app (``bai app`` dials it with a token)."""
+    scheme, _, rest = settings.BAI_APPS_ORIGIN.partition("://")
+    ws = "wss" if scheme == "https" else "ws"
+    return f"{ws}://{rest.rstrip('/')}/_bai/tcp/{session_id}/{app}"
+
+
 def app_secret(*, session_id: object, app: str) -> str:
     """The secret the proxy presents to an app it started (Jupyter's token)."""
     return signing.Signer(salt=APP_SECRET_SALT).signature(f"{session_id}:{app}")

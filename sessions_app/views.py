@@ -48,6 +48,7 @@ def session_row(session: Session) -> dict[str, Any]:
             {"hostname": k.cluster_hostname, "status": k.status, "role": k.cluster_role}
             for k in session.kernels.all()
         ],
+        "apps": [app.to_dict() for app in selectors.session_apps(session=session)],
     }
 
 

@@ -5,6 +5,7 @@
 
 import { api, badge, el, fmtAge, fmtDuration, fmtLimit, fmtSlots, fmtStamp, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON, sessionAge } from "./common.js";
 import { openLogs } from "./logs.js";
+import { appButtons } from "./apps.js";
 
 let session = readJSON("session-data");
 const $ = (id) => document.getElementById(id);
@@ -94,6 +95,13 @@ function render() {
   term.classList.toggle("disabled", s.status !== "RUNNING");
   term.setAttribute("aria-disabled", s.status !== "RUNNING" ? "true" : "false");
   term.title = s.status === "RUNNING" ? "Open a shell in main1" : "Available while the session runs";
+  const launcher = $("d-apps");
+  const appsKey = s.status === "RUNNING" ? (s.apps || []).map((a) => a.name).join(",") : "";
+  // Rebuilt only when the apps change, so a button busy launching keeps its progress.
+  if (launcher.dataset.apps !== appsKey) {
+    launcher.dataset.apps = appsKey;
+    launcher.replaceChildren(...appButtons(s));
+  }
 
   const facts = $("d-facts");
   facts.replaceChildren();

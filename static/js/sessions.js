@@ -4,6 +4,7 @@
 import { api, badge, el, fmtAge, fmtDuration, fmtSlots, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON, sessionAge } from "./common.js";
 import { initLaunch, openLaunch, onSessionChange as launchProgress } from "./launch.js";
 import { openLogs } from "./logs.js";
+import { appButtons } from "./apps.js";
 
 const page = readJSON("page-data");
 const sessions = new Map(readJSON("sessions-data").map((s) => [s.id, s]));
@@ -27,6 +28,7 @@ function actions(s) {
     s.status === "RUNNING"
       ? el("a.btn.btn-xs", { href: `/sessions/${s.id}/terminal/`, target: "_blank", rel: "noopener", "data-action": "terminal" }, "Terminal")
       : el("button.btn.btn-xs", { type: "button", disabled: true, title: "Available while running" }, "Terminal"),
+    appButtons(s, { small: true }),
     el("button.btn.btn-xs.btn-danger", { type: "button", "data-action": "terminate", disabled: ended, onclick: () => terminate(s) }, "Terminate"),
   );
 }
@@ -99,7 +101,7 @@ function toRow(d) {
     id: d.id, name: d.name, owner: d.owner, type: d.type, status: d.status, status_reason: d.status_reason,
     result: d.result, cluster_mode: d.cluster_mode, cluster_size: d.cluster_size, resources: d.resources,
     image: d.image, resource_group: d.resource_group, created_at: d.created_at,
-    started_at: d.started_at, terminated_at: d.terminated_at,
+    started_at: d.started_at, terminated_at: d.terminated_at, apps: d.apps || [],
     kernels: (d.kernels || []).map((k) => ({ hostname: k.cluster_hostname, status: k.status, role: k.cluster_role })),
   };
 }

@@ -119,3 +119,103 @@ def test_a_web_server_in_a_session_is_reached_through_the_apps_origin_by_its_own
         return body if response.status == 410 else None
 
     assert b"This session has ended" in wait_for(ended, timeout=15, what="the ended page")
+
+
+# A web server that keeps a PUT body in /tmp/upload.bin (read in 1 MiB pieces,
+# never whole) and serves /tmp by GET; the session's start command.
+UPLOAD_SERVER = """exec python3 -c '
+import functools, http.server
+class H(http.server.SimpleHTTPRequestHandler):
+    def do_PUT(self):
+        left = int(self.headers["Content-Length"])
+        with open("/tmp/upload.bin", "wb") as f:
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                f.write(chunk)
+                left -= len(chunk)
+        self.send_response(201 if left == 0 else 400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+H.protocol_version = "HTTP/1.1"
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), functools.partial(H, directory="/tmp")).serve_forever()
+'"""
+BULK = 100 * 2**20
+
+
+def test_a_100_mb_upload_and_download_through_the_proxy_keep_their_checksum(
+    engine,  # noqa: F811
+    group,
+    live_system,
+    make_agent,
+    make_token,
+    alice,
+    tmp_path,
+):
+    import hashlib
+    import os
+
+    Image.objects.update_or_create(reference=PYTHON_IMAGE, defaults={"supports_ssh": True})
+    live_system.start_apps()
+    node = make_agent("node-a", cpu="2", mem=4 * 2**30)
+    live_system.start_agent(node, "--cpu", "2", "--mem", "4g")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    token = make_token(alice)
+    status, session = _api(
+        live_system,
+        token,
+        "POST",
+        "/api/v1/sessions/",
+        {
+            "image": PYTHON_IMAGE,
+            "ports": [8080],
+            "resources": {"cpu": 1, "mem": "512m"},
+            "startup_command": UPLOAD_SERVER,
+        },
+    )
+    assert status == 201, session
+    _wait_status(session["id"], Status.RUNNING)
+    _, opened = _api(
+        live_system, token, "POST", f"/api/v1/sessions/{session['id']}/apps/port-8080/open/"
+    )
+    link = urlsplit(opened["url"])
+    response, _ = _call(live_system.apps_port, "GET", f"{link.path}?{link.query}", host=link.netloc)
+    cookie = response.getheader("Set-Cookie").split(";", 1)[0]
+
+    source = tmp_path / "upload.bin"
+    digest = hashlib.sha256()
+    with source.open("wb") as f:
+        for _ in range(BULK // 2**20):
+            chunk = os.urandom(2**20)
+            digest.update(chunk)
+            f.write(chunk)
+
+    def upload():
+        conn = http.client.HTTPConnection("127.0.0.1", live_system.apps_port, timeout=120)
+        with source.open("rb") as body:
+            conn.request(
+                "PUT",
+                "/upload.bin",
+                body=body,
+                headers={"Host": link.netloc, "Cookie": cookie, "Content-Length": str(BULK)},
+            )
+            response = conn.getresponse()
+            response.read()
+        conn.close()
+        return response.status
+
+    # The first request may find the server still starting (the proxy answers 502).
+    assert wait_for(lambda: upload() == 201, timeout=60, what="the upload")
+
+    conn = http.client.HTTPConnection("127.0.0.1", live_system.apps_port, timeout=120)
+    conn.request("GET", "/upload.bin", headers={"Host": link.netloc, "Cookie": cookie})
+    response = conn.getresponse()
+    assert response.status == 200
+    back, size = hashlib.sha256(), 0
+    while chunk := response.read(2**20):
+        back.update(chunk)
+        size += len(chunk)
+    conn.close()
+    assert size == BULK
+    assert back.hexdigest() == digest.hexdigest()

@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -100,7 +101,27 @@ def kernel_images(docker_client) -> list[str]:
 
 
 @pytest.fixture
-def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str:
+def apps_port() -> int:
+    """The apps proxy's port (the proxy itself runs only for tests asking ``apps_proxy``)."""
+    return free_port()
+
+
+@pytest.fixture
+def live_env(settings, channel_prefix, tmp_path, apps_port) -> dict[str, str]:
+    """The environment of the live server and of the apps proxy."""
+    return server_environment(
+        settings,
+        BAI_CHANNEL_PREFIX=channel_prefix,
+        BAI_VAR_DIR=str(tmp_path / "var"),
+        BAI_AGENT_HEARTBEAT_INTERVAL="1",
+        BAI_APPS_PORT=str(apps_port),
+        BAI_APPS_ORIGIN=f"http://apps.localhost:{apps_port}",
+        BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{apps_port}",
+    )
+
+
+@pytest.fixture
+def live_server_url(transactional_db, live_env, tmp_path) -> str:
     """daphne in a subprocess on 127.0.0.1, over this test's database.
 
     Celery runs eagerly there as here, so a session created through a page is
@@ -110,12 +131,7 @@ def live_server_url(transactional_db, settings, channel_prefix, tmp_path) -> str
 
     db = connection.settings_dict
     port = free_port()
-    env = server_environment(
-        settings,
-        BAI_CHANNEL_PREFIX=channel_prefix,
-        BAI_VAR_DIR=str(tmp_path / "var"),
-        BAI_AGENT_HEARTBEAT_INTERVAL="1",
-    )
+    env = live_env
     if "postgresql" not in db["ENGINE"]:
         pytest.skip("the live server shares the test database: run on PostgreSQL")
     log = open(tmp_path / "daphne.log", "w")  # noqa: SIM115 - closed at teardown
@@ -234,6 +250,38 @@ def real_agent(live_server_url, make_agent, kernel_images, docker_client, settin
                     network.remove()
                 except Exception:  # noqa: BLE001 - another test's network in use
                     pass
+
+
+@pytest.fixture
+def apps_proxy(live_server_url, live_env, apps_port, own_origin_guard, tmp_path) -> str:
+    """The apps proxy (``proxy_app``) on its own port, as ``scripts/run`` starts it;
+    pages may then also request its per-app origins (and still nothing else)."""
+    log = open(tmp_path / "apps.log", "w")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
+        + ["proxy_app.asgi:application"],
+        cwd=ROOT,
+        env=live_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    own_origin_guard.allow_apps(apps_port)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("the apps proxy exited:\n" + (tmp_path / "apps.log").read_text())
+            try:
+                socket.create_connection(("127.0.0.1", apps_port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield f"http://apps.localhost:{apps_port}"
+    finally:
+        stop_process(proc)
+        log.close()
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""``bai``: the command-line client of the manager (REST and websockets, no Django)."""

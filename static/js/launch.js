@@ -64,7 +64,6 @@ let fit = null; // the latest preview's answer, or {failed: ApiError}
 let depCandidates = [];
 let chosen = []; // [{id, name}]
 let activeOption = -1;
-let keepOpenOnCancel = false;
 
 const $ = (id) => document.getElementById(id);
 
@@ -716,6 +715,7 @@ function renderChips() {
 
 function depsChanged(message) {
   renderChips();
+  if (!$("deps-options").hidden) renderOptions();
   $("deps-status").textContent = `${message} ${chosen.length} session${chosen.length === 1 ? "" : "s"} chosen.`;
   touched.add("depends_on");
   schedulePreview();
@@ -752,9 +752,7 @@ function onDepsKey(event) {
     else if (open && matches.length === 1) addDependency(matches[0]);
   } else if (event.key === "Escape") {
     if (open) {
-      event.preventDefault();
-      keepOpenOnCancel = true; // the dialog stays; only the list closes
-      setTimeout(() => { keepOpenOnCancel = false; }, 0);
+      event.preventDefault(); // a prevented Escape is no close request: the dialog stays
       closeOptions();
     }
   } else if (event.key === "Backspace" && input.value === "" && chosen.length) {
@@ -772,10 +770,6 @@ function wireDependencies() {
   input.addEventListener("click", () => { if ($("deps-options").hidden) renderOptions(); });
   input.addEventListener("blur", closeOptions);
   $("deps-picker").addEventListener("click", (e) => { if (e.target === e.currentTarget || e.target.id === "deps-chips") input.focus(); });
-  dialog.addEventListener("cancel", (e) => {
-    if (keepOpenOnCancel) e.preventDefault();
-    keepOpenOnCancel = false;
-  });
 }
 
 // --- launch -------------------------------------------------------------------------

@@ -24,8 +24,17 @@ GIB = 2**30
 def orm(fn, *args, **kwargs):
     """Run ``fn`` in another thread: Playwright's sync API keeps an event loop in
     this one, where the ORM refuses to run."""
+
+    def run():
+        from django.db import connections
+
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()  # the thread ends; its connection must not linger
+
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn, *args, **kwargs).result()
+        return pool.submit(run).result()
 
 
 def _open(page, image="bai-kernel/minimal:1"):
@@ -381,6 +390,18 @@ def test_the_dependency_picker_finds_a_session_by_part_of_its_name(
     )
     assert chips == ["train-resnet"]
     assert "Removed prep-data" in page.text_content("#deps-status")
+    assert page.is_visible('#deps-options [role=option]:has-text("prep-data")')  # offered again
+
+    # Escape closes the open list first, then the dialog; the choice is kept.
+    picker.press("Escape")
+    assert page.is_visible("#launch-modal") and page.is_hidden("#deps-options")
+    picker.press("Escape")
+    page.locator("#launch-modal").wait_for(state="hidden")
+    page.click("#launch-open")
+    chips = page.eval_on_selector_all(
+        "#deps-chips .chip span", "els => els.map(e => e.textContent)"
+    )
+    assert chips == ["train-resnet"]
 
     page.fill("#f-name", "after-resnet")
     _fit(page, "wait")
@@ -433,3 +454,49 @@ def test_a_successful_batch_ends_green_and_a_failed_one_says_its_exit_code(
     assert "alert-error" in page.get_attribute("#progress-final", "class")
     shot(page, "batch-failed-exit-code")
     assert page.js_errors == []
+
+
+def test_the_dialog_reads_durations_and_places_messages_as_the_server_writes_them(
+    live_server_url, users, login
+):
+    from bai_common.units import parse_duration
+
+    page = login("alice", screenshot=False)
+    texts = ["90", "30m", "2h", "1h30m", "1 d 2 h", "1.5h", "45 min", "2hours"]
+    seconds = page.evaluate(
+        """async texts => {
+            const { parseDuration } = await import('/static/js/common.js');
+            return texts.map(t => parseDuration(t));
+        }""",
+        texts,
+    )
+    assert seconds == [parse_duration(t).total_seconds() for t in texts]
+    refused = ["", "soon", "30m2h", "1m1m", "-5m", "5 parsecs"]
+    thrown = page.evaluate(
+        """async texts => {
+            const { parseDuration } = await import('/static/js/common.js');
+            return texts.map(t => { try { parseDuration(t); return false; } catch { return true; } });
+        }""",
+        refused,
+    )
+    assert thrown == [True] * len(refused)
+    for text in refused:
+        with pytest.raises(ValueError):
+            parse_duration(text)
+
+    # The slot a resources message is about, in the launch's and the scheduler's words.
+    slots = page.evaluate(
+        """async messages => {
+            const { slotOf } = await import('/static/js/launch.js');
+            return messages.map(slotOf);
+        }""",
+        [
+            "mem: every container needs at least 16 MiB mem per container",
+            "cpu: at most 3 decimal places",
+            "quota: total mem would be 2 GiB of 1 GiB allowed (1 GiB over)",
+            "needs 16 cpu per container; no agent in resource group default has that much",
+            "needs 4 GiB mem per container; largest free on an agent: 2 GiB",
+            'must be an object like {"cpu": 1, "mem": "1g"}',
+        ],
+    )
+    assert slots == ["mem", "cpu", "mem", "cpu", "mem", None]

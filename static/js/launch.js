@@ -505,6 +505,7 @@ const ICONS = {
   start_now: "M5 10.5l3.2 3.2L15 7",
   wait: "M10 5.5V10l3 2",
   never: "M5.8 14.2l8.4-8.4",
+  refused: "M5.8 14.2l8.4-8.4",
   invalid: "M10 5.5v5.5M10 14v.5",
   checking: "M6 10h.01M10 10h.01M14 10h.01",
 };
@@ -524,7 +525,10 @@ function icon(kind) {
   return svg;
 }
 
-const VERDICT_WORDS = { start_now: "Starts now", wait: "Will wait", never: "Can never start", invalid: "Cannot check yet", failed: "Cannot check now" };
+const VERDICT_WORDS = {
+  start_now: "Starts now", wait: "Will wait", never: "Can never start",
+  refused: "Cannot launch now", invalid: "Cannot check yet", failed: "Cannot check now",
+};
 
 /** The verdict in words: {kind, word, reason, more}. */
 function verdictOf(answer) {
@@ -538,6 +542,8 @@ function verdictOf(answer) {
       const what = field === "non_field_errors" || (field.startsWith("resources.") && field !== "resources.all") ? "" : `${labelOf(field)}: `;
       return { kind: "invalid", reason: `${what}${messages[0]}`, more: [] };
     }
+    // The pending-session limit: a launch now is refused, one later may not be.
+    if (err.status === 403) return { kind: "refused", reason: err.message, more: [] };
     return { kind: "failed", reason: err.message, more: [] };
   }
   const reason = humanReason(answer.reason).replace(/^fits now: /, "");

@@ -226,6 +226,32 @@ def test_a_memory_quota_error_shows_under_memory_and_a_cpu_one_under_cpu(
     assert page.js_errors == []
 
 
+def test_the_pending_limit_says_a_launch_now_would_be_refused(
+    live_server_url, images, users, node, login, shot
+):
+    from sessions_app.models import ResourcePolicy, Session, UserResourcePolicy
+
+    def one_pending_allowed_and_taken():
+        policy = ResourcePolicy.objects.create(name="alice-one-pending", max_pending_sessions=1)
+        UserResourcePolicy.objects.create(user=users["alice"], policy=policy)
+        Session.objects.create(
+            owner=users["alice"],
+            name="already-waiting",
+            image=images["bai-kernel/minimal:1"],
+            resource_group=node.resource_group,
+            status="PENDING",
+        )
+
+    orm(one_pending_allowed_and_taken)
+    page = login("alice", screenshot=False)
+    _open(page)
+    words = _fit(page, "refused")
+    assert words.startswith("Cannot launch now: quota: at most 1 pending sessions"), words
+    assert "Cannot launch now" in page.inner_text("#fit-chip")
+    page.locator("#launch-fit").scroll_into_view_if_needed()
+    shot(page, "pending-limit")
+
+
 def test_a_bad_value_is_marked_on_its_own_field_once_the_user_leaves_it(
     live_server_url, images, users, node, login, shot
 ):

@@ -214,7 +214,7 @@ function updateTimeoutHint() {
   try {
     hint.textContent = `= ${spanText(parseDuration(raw))}; ends it FAILED if it runs longer.`;
   } catch {
-    hint.textContent = "e.g. 90s, 30m, 2h, 1h30m, 1d";
+    hint.textContent = "Write it as 90s, 30m, 2h, 1h30m or 1d.";
   }
 }
 
@@ -359,7 +359,8 @@ function spec() {
         if (seconds > 0) s.batch_timeout = seconds;
         else localErrors.batch_timeout = ["must be longer than 0 seconds"];
       } catch (err) {
-        localErrors.batch_timeout = [err.message];
+        // The hint under the field already shows how to write one.
+        localErrors.batch_timeout = [/negative/.test(err.message) ? err.message : `“${timeout}” is not a duration`];
       }
     }
   }

@@ -148,7 +148,8 @@ setInterval(() => document.querySelectorAll("[data-age]").forEach((td) => { td.t
 
 initLaunch({
   sessions: () => [...sessions.values()],
-  onCreated: (detail) => upsert(toRow(detail)),
+  // A push may have beaten the POST's answer and fetched a newer row: keep that one.
+  onCreated: (detail) => { if (!sessions.has(detail.id)) upsert(toRow(detail)); },
 });
 render();
 followSessions(onChange);

@@ -101,8 +101,9 @@ function upsert(s) {
 }
 
 const fetching = new Set();
+const refetch = new Set(); // pushed again while being fetched: the answer may predate the push
 async function fetchOne(id) {
-  if (fetching.has(id)) return;
+  if (fetching.has(id)) { refetch.add(id); return; }
   fetching.add(id);
   try {
     upsert(toRow(await api(`sessions/${id}/`)));
@@ -110,6 +111,7 @@ async function fetchOne(id) {
     /* not ours (admin view of all) or gone: ignore */
   } finally {
     fetching.delete(id);
+    if (refetch.delete(id)) fetchOne(id);
   }
 }
 

@@ -25,7 +25,7 @@ export class ApiError extends Error {
 }
 
 /** Call the REST API as the logged-in user; throws ApiError with the API's message. */
-export async function api(path, { method = "GET", body } = {}) {
+export async function api(path, { method = "GET", body, signal } = {}) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (method !== "GET") headers["X-CSRFToken"] = cookie("csrftoken");
@@ -33,6 +33,7 @@ export async function api(path, { method = "GET", body } = {}) {
     method,
     headers,
     credentials: "same-origin",
+    signal,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await response.text();
@@ -145,6 +146,43 @@ export function fmtSlots(slots) {
     parts.push(`${+v} ${k === "cuda.device" ? "GPU" : k}`);
   }
   return parts.join(" · ");
+}
+
+const DURATION_UNITS = { d: 86400, day: 86400, days: 86400, h: 3600, hr: 3600, hrs: 3600, hour: 3600, hours: 3600, m: 60, min: 60, mins: 60, minute: 60, minutes: 60, s: 1, sec: 1, secs: 1, second: 1, seconds: 1 };
+
+/**
+ * Seconds from a duration as the server reads it (bai_common.units.parse_duration):
+ * "90" (a bare number is seconds), "30m", "2h", "1h30m", "1 d 2 h"; units largest
+ * first, each once. Throws an Error saying how to write one.
+ */
+export function parseDuration(text) {
+  const value = String(text).trim().toLowerCase();
+  const junk = new Error(`“${String(text).trim()}” is not a duration: use e.g. 90s, 30m, 2h, 1h30m, 1d`);
+  if (!value) throw junk;
+  if (value.startsWith("-")) throw new Error("must not be negative");
+  if (/^\d+(\.\d+)?$/.test(value)) return Number(value);
+  const part = /(\d+(?:\.\d+)?)\s*([a-z]+)\s*/y;
+  let total = 0;
+  let lastSize = Infinity;
+  while (part.lastIndex < value.length) {
+    const m = part.exec(value);
+    const size = m && DURATION_UNITS[m[2]];
+    if (!size || size >= lastSize) throw junk;
+    total += Number(m[1]) * size;
+    lastSize = size;
+  }
+  return total;
+}
+
+/** The shortest text parseDuration reads back: 5400 → "1h30m", 90 → "1m30s". */
+export function durationText(seconds) {
+  let rest = Math.round(Number(seconds));
+  if (!(rest > 0)) return String(seconds);
+  let out = "";
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+    if (rest >= size) { out += `${Math.floor(rest / size)}${unit}`; rest %= size; }
+  }
+  return out;
 }
 
 export function fmtDuration(seconds) {

@@ -94,7 +94,7 @@ def test_a_user_launches_a_session_with_the_keyboard_alone(
         "() => window.launchState && window.launchState.status === 'RUNNING'", timeout=90_000
     )
     # The form (and the button that had focus) made way for the progress: focus followed.
-    assert _focused(page, "#progress-title")
+    assert _focused(page, "#launch-title")
     shot(page, "launch-progress-running")
 
     page.keyboard.press("Escape")

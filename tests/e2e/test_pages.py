@@ -62,8 +62,11 @@ def test_a_user_launches_a_three_node_cluster_and_works_in_it(
     shot(page, "launch-dialog-filled")
 
     session_id = _submit_and_wait(page)
-    steps = page.eval_on_selector_all("#progress-steps li", "els => els.map(e => e.className)")
+    steps = page.eval_on_selector_all(
+        "#progress-steps li:not([hidden])", "els => els.map(e => e.className)"
+    )
     assert steps[0] == "done" and steps[-1] == "done"
+    assert page.text_content("#launch-title") == "Running"
     shot(page, "launch-progress-running")
 
     # The list shows it running without a reload.

@@ -327,7 +327,7 @@ def _check_minimums(
     slots: dict[str, Decimal], image: Image | None, field: str, bad: _Errors
 ) -> None:
     """The admin's floor for every kernel (settings) and the image's own minimums."""
-    floors = [(slotlib.from_strings(settings.BAI_KERNEL_MIN_SLOTS), "every container")]
+    floors = [(slotlib.from_strings(settings.BAI_KERNEL_MIN_SLOTS), "the smallest kernel")]
     if image is not None:
         floors.append((slotlib.from_strings(image.min_slots or {}), f"image {image.reference}"))
     for minimums, who in floors:

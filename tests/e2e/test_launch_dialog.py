@@ -517,7 +517,7 @@ def test_the_dialog_reads_durations_and_places_messages_as_the_server_writes_the
             return messages.map(slotOf);
         }""",
         [
-            "mem: every container needs at least 16 MiB mem per container",
+            "mem: the smallest kernel needs at least 16 MiB mem per container",
             "cpu: at most 3 decimal places",
             "quota: total mem would be 2 GiB of 1 GiB allowed (1 GiB over)",
             "needs 16 cpu per container; no agent in resource group default has that much",

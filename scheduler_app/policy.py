@@ -596,26 +596,33 @@ def _free_key(free: ResourceSlots) -> tuple[Decimal, Decimal]:
     return (free["cpu"], free["mem"])
 
 
+def _first_fitting(
+    state: _Pass, keys: list[tuple[int, int, int]], order: Iterable[int], vector: _Vec
+) -> int:
+    """The position of the first agent, in ``order`` over a pool's sorted keys, whose
+    free mem and accelerators (its cpu the order already holds) take ``vector``; -1 if none."""
+    mem = vector[1]
+    extras = [(j, a) for j in range(2, state.width) if (a := vector[j]) > 0]
+    free = state.free
+    for i in order:
+        key = keys[i]
+        if key[1] >= mem:
+            pos = key[2]
+            if not extras or all(free[j][pos] >= a for j, a in extras):
+                return pos
+    return -1
+
+
 class ConcentratedSelector(_BuiltinSelector):
     """Packs: the fitting agent with the least free cpu, then mem (keeps whole agents free)."""
 
     def find(self, state: _Pass, vector: _Vec, pool: _Pool) -> int:
         keys = pool.keys
-        n = len(keys)
-        if not n or keys[-1][0] < vector[0]:
+        if not keys or keys[-1][0] < vector[0]:
             return -1
-        cpu, mem = vector[0], vector[1]
-        extras = [(j, a) for j in range(2, state.width) if (a := vector[j]) > 0]
-        free = state.free
-        i = bisect_left(keys, (cpu, mem))
-        while i < n:
-            key = keys[i]
-            if key[1] >= mem:
-                pos = key[2]
-                if not extras or all(free[j][pos] >= a for j, a in extras):
-                    return pos
-            i += 1
-        return -1
+        # Least free cpu first: from the first key that holds the cpu and mem, upwards.
+        order = range(bisect_left(keys, (vector[0], vector[1])), len(keys))
+        return _first_fitting(state, keys, order, vector)
 
     def pick(
         self,
@@ -633,22 +640,11 @@ class DispersedSelector(_BuiltinSelector):
 
     def find(self, state: _Pass, vector: _Vec, pool: _Pool) -> int:
         keys = pool.keys
-        n = len(keys)
-        if not n or keys[-1][0] < vector[0]:
+        if not keys or keys[-1][0] < vector[0]:
             return -1
-        cpu, mem = vector[0], vector[1]
-        extras = [(j, a) for j in range(2, state.width) if (a := vector[j]) > 0]
-        free = state.free
-        lowest = bisect_left(keys, (cpu,))
-        i = n - 1
-        while i >= lowest:
-            key = keys[i]
-            if key[1] >= mem:
-                pos = key[2]
-                if not extras or all(free[j][pos] >= a for j, a in extras):
-                    return pos
-            i -= 1
-        return -1
+        # Most free cpu first: from the top key down to the first that holds the cpu.
+        order = range(len(keys) - 1, bisect_left(keys, (vector[0],)) - 1, -1)
+        return _first_fitting(state, keys, order, vector)
 
     def pick(
         self,

@@ -211,15 +211,7 @@ async def forward_websocket(
             if pending:
                 await tunnel.write(b"".join(pending))
 
-    tasks = [asyncio.create_task(to_app()), asyncio.create_task(to_browser())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    with contextlib.suppress(Exception):
-        await send({"type": "websocket.close", "code": 1000})
+    await _pump_both(send, to_app(), to_browser())
 
 
 async def relay_bytes(receive: Any, send: Any, tunnel: Tunnel) -> None:
@@ -242,7 +234,12 @@ async def relay_bytes(receive: Any, send: Any, tunnel: Tunnel) -> None:
                 return
             await send({"type": "websocket.send", "bytes": data})
 
-    tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
+    await _pump_both(send, up(), down())
+
+
+async def _pump_both(send: Any, *pumps: Any) -> None:
+    """Run both directions of a relay; when either ends, stop the other and close the websocket."""
+    tasks = [asyncio.create_task(pump) for pump in pumps]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -147,15 +147,12 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     await _activity(session_id)
     try:
-        tunnel = await tunnels.open_tunnel(target)
+        if scope["type"] == "websocket":
+            await _websocket(scope, receive, send, target)
+        else:
+            await _http(scope, receive, send, target)
     except tunnels.TunnelFailed as exc:
         await _refuse(scope, send, 502, f"{target.app.title} is not reachable", str(exc))
-        return
-    try:
-        if scope["type"] == "websocket":
-            await forward.forward_websocket(scope, receive, send, tunnel, target)
-        else:
-            await forward.forward_http(scope, receive, send, tunnel, target)
     except forward.UpstreamError as exc:
         await _page(
             send,
@@ -164,8 +161,37 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             f"{exc} (port {target.app.port} of the session's main kernel).",
         )
     finally:
-        await tunnel.close()
         await _activity(session_id)
+
+
+async def _websocket(scope: dict[str, Any], receive: Any, send: Any, target: Any) -> None:
+    tunnel = await tunnels.open_tunnel(target)
+    try:
+        await forward.forward_websocket(scope, receive, send, tunnel, target)
+    finally:
+        await tunnel.close()
+
+
+async def _http(scope: dict[str, Any], receive: Any, send: Any, target: Any) -> None:
+    """A request over a kept tunnel when one is idle, else a new one; kept again after."""
+    key = tunnels.pool.key(target)
+    first = await receive()
+    tunnel = tunnels.pool.take(key) or await tunnels.open_tunnel(target)
+    reusable = False
+    try:
+        try:
+            reusable = await forward.forward_http(scope, receive, send, tunnel, target, first)
+        except forward.StaleTunnel:
+            if first.get("more_body"):  # the body is gone with it: it cannot go again
+                raise
+            await tunnel.close()
+            tunnel = await tunnels.open_tunnel(target)
+            reusable = await forward.forward_http(scope, receive, send, tunnel, target, first)
+    finally:
+        if reusable:
+            await tunnels.pool.give(key, tunnel)
+        else:
+            await tunnel.close()
 
 
 async def _trade_link(scope: dict[str, Any], send: Any, session_id: str, app: str) -> None:

@@ -75,18 +75,28 @@ def _target(scope: dict[str, Any]) -> bytes:
     return path + (b"?" + query if query else b"")
 
 
+class StaleTunnel(UpstreamError):
+    """A kept tunnel closed before answering: the request may go again on a new one."""
+
+
 async def forward_http(
-    scope: dict[str, Any], receive: Any, send: Any, tunnel: Tunnel, target: Target
-) -> None:
-    """One request and its response over a fresh tunnel (closed afterwards)."""
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    tunnel: Tunnel,
+    target: Target,
+    first: dict[str, Any],
+) -> bool:
+    """One request (``first`` is its first body event) and its response over ``tunnel``.
+
+    True when the exchange left the connection ready for another one (HTTP/1.1
+    keep-alive), so the tunnel may serve the next request."""
     conn = h11.Connection(h11.CLIENT)
     headers = upstream_headers(scope, target)
     names = {n for n, _ in headers}
-    first = await receive()
     body, more = first.get("body", b""), first.get("more_body", False)
     if b"content-length" not in names and (body or more):
         headers.append((b"transfer-encoding", b"chunked"))
-    headers.append((b"connection", b"close"))
     request = h11.Request(method=scope["method"], target=_target(scope), headers=headers)
     await tunnel.write(conn.send(request))
     while True:
@@ -99,12 +109,19 @@ async def forward_http(
             raise UpstreamError("the browser went away")
         body, more = event.get("body", b""), event.get("more_body", False)
     await tunnel.write(conn.send(h11.EndOfMessage()))
+    await _relay_response(conn, send, tunnel)
+    return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not conn.trailing_data[0]
+
+
+async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> None:
     started = False
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             data = await tunnel.read()
             if data is None and not started:
+                if tunnel.reused and tunnel.close_code != 4502:
+                    raise StaleTunnel("the kept connection had closed")
                 raise UpstreamError(
                     "the app could not be reached"
                     if tunnel.close_code == 4502
@@ -112,9 +129,9 @@ async def forward_http(
                 )
             conn.receive_data(data or b"")
             continue
-        if isinstance(event, h11.Response | h11.InformationalResponse):
-            if isinstance(event, h11.InformationalResponse):
-                continue
+        if isinstance(event, h11.InformationalResponse):
+            continue
+        if isinstance(event, h11.Response):
             kept = [(n, v) for n, v in event.headers if n.lower() not in HOP_BY_HOP]
             await send(
                 {"type": "http.response.start", "status": event.status_code, "headers": kept}

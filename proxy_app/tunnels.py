@@ -6,6 +6,12 @@ token; the waiting request takes the connection when it arrives. Bytes then flow
 binary frames between this process and the agent: no channel layer, no base64.
 A tunnel lands in the process that asked for it (the URL names it: one daphne process
 per ``BAI_APPS_TUNNEL_URL``).
+
+HTTP requests reuse tunnels: once an exchange ends with both sides ready for the next
+one (HTTP/1.1 keep-alive), its tunnel waits in ``pool`` for the next request to the
+same kernel port, so a page's many small requests cost one websocket frame each way
+instead of a new connection through the agent. An idle tunnel is watched: if the app
+or the agent closes it, it leaves the pool; unused for ``IDLE_SECONDS`` it is closed.
 """
 
 from __future__ import annotations
@@ -46,11 +52,19 @@ class Tunnel:
         self.closed = False
         self.close_code: int | None = None
         self.finished = asyncio.Event()
+        self.reused = False  # taken from the pool (it served an exchange before)
+        # A receive the pool's watcher started while the tunnel was idle: the next
+        # read takes its event, so nothing that arrived in between is lost.
+        self._pending: asyncio.Future[dict[str, Any]] | None = None
 
     async def read(self) -> bytes | None:
         """The next bytes from the app, or None once the agent closed."""
         while not self.closed:
-            event = await self._receive()
+            if self._pending is not None:  # the pool's watcher was already waiting
+                pending, self._pending = self._pending, None
+                event = await pending
+            else:
+                event = await self._receive()
             if event["type"] == "websocket.receive":
                 data = event.get("bytes")
                 if data is None:
@@ -70,7 +84,71 @@ class Tunnel:
         if not self.closed:
             self.closed = True
             await self._send({"type": "websocket.close", "code": 1000})
+        if self._pending is not None:
+            self._pending.cancel()
         self.finished.set()
+
+    async def retire(self) -> None:
+        """Close an idle tunnel; what it heard while idle (a close, a stray byte) is dropped."""
+        pending = self._pending
+        if pending is not None and pending.done() and not pending.cancelled():
+            if pending.exception() is None and pending.result()["type"] == "websocket.disconnect":
+                self.closed = True  # the agent already closed it
+        await self.close()
+
+    def watch(self) -> asyncio.Future[dict[str, Any]]:
+        """Start waiting for the next event without taking it (see ``read``)."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._receive())
+        return self._pending
+
+
+PoolKey = tuple[str | None, str, int]
+
+
+class TunnelPool:
+    """Idle HTTP tunnels per kernel port, for the next request (see the module's notes)."""
+
+    IDLE_SECONDS = 30.0
+    PER_PORT = 64  # idle tunnels kept per kernel port; more are closed
+
+    def __init__(self) -> None:
+        self._idle: dict[PoolKey, list[tuple[Tunnel, asyncio.Task[None]]]] = {}
+
+    @staticmethod
+    def key(target: Target) -> PoolKey:
+        return (target.agent_id, target.kernel_id, target.app.port)
+
+    def take(self, key: PoolKey) -> Tunnel | None:
+        idle = self._idle.get(key)
+        while idle:
+            tunnel, watcher = idle.pop()
+            if tunnel.closed or tunnel.watch().done():
+                continue  # it closed (or sent a stray byte) while idle: its watcher retires it
+            watcher.cancel()
+            tunnel.reused = True
+            return tunnel
+        return None
+
+    async def give(self, key: PoolKey, tunnel: Tunnel) -> None:
+        idle = self._idle.setdefault(key, [])
+        if tunnel.closed or len(idle) >= self.PER_PORT:
+            await tunnel.close()
+            return
+        entry = (tunnel, asyncio.create_task(self._watch(key, tunnel)))
+        idle.append(entry)
+
+    async def _watch(self, key: PoolKey, tunnel: Tunnel) -> None:
+        """While idle, a tunnel should hear nothing: any frame or a close retires it."""
+        await asyncio.wait({tunnel.watch()}, timeout=self.IDLE_SECONDS)
+        idle = self._idle.get(key, [])
+        idle[:] = [entry for entry in idle if entry[0] is not tunnel]
+        if not idle:
+            self._idle.pop(key, None)
+        await tunnel.retire()
+
+
+pool = TunnelPool()
 
 
 async def open_tunnel(target: Target) -> Tunnel:

@@ -11,10 +11,14 @@ directly from the host (the container's bridge address):
 1. small GETs one at a time on a kept-alive connection: latency p50 and p99
    (target: at most 3 ms added to p50);
 2. small GETs from 32 concurrent clients: requests/s (target: >= 500);
-3. a 100 MB download and upload: MB/s (target: >= 100).
+3. a 100 MB download and upload: MB/s (target: >= 100);
+4. in Chromium (/usr/bin/chromium, driven by Playwright), on a fresh session of the
+   Python image: the time from the click on "Jupyter" in the session list to
+   Jupyter's file page ready in its new tab (the notebook server starts on that
+   first click), and from "New > Python 3" to the notebook's kernel idle
+   (target: usable within 3 s of the click).
 
 Not part of the test run. Prints the figures, the ratios and the conditions.
-Jupyter's click-to-notebook time is not measured here yet (see the README).
 """
 
 from __future__ import annotations
@@ -147,11 +151,86 @@ def upload(target: Target, mb: int) -> float:
     return mb / elapsed
 
 
+CHROMIUM = os.environ.get("BAI_CHROMIUM", "/usr/bin/chromium")
+BENCH_PASSWORD = "bench-password"  # noqa: S105  (a throwaway user of the bench database)
+
+
+def jupyter_click(stack: Stack, token: str, runs: int) -> list[tuple[float, float]]:
+    """(click -> Jupyter's page ready, New notebook -> kernel idle) in seconds, per run."""
+    from playwright.sync_api import sync_playwright
+
+    timings = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            for _ in range(runs):
+                session = launch(
+                    stack,
+                    token,
+                    {"image": "bai-kernel/python:2", "resources": {"cpu": 1, "mem": "1g"}},
+                )
+                timings.append(_open_jupyter(browser, stack, session["id"]))
+                _terminate(stack, token, session["id"])
+        finally:
+            browser.close()
+    return timings
+
+
+def _terminate(stack: Stack, token: str, session_id: str) -> None:
+    api(stack, token, f"sessions/{session_id}/terminate/", {})
+
+
+def _jupyter_ready_user() -> None:
+    """The bench user logs in to the browser; the Python image declares Jupyter."""
+    from django.contrib.auth.models import User
+
+    from sessions_app import kernel_images
+    from sessions_app.models import Image
+
+    user = User.objects.get(username="bench")
+    user.set_password(BENCH_PASSWORD)
+    user.save()
+    Image.objects.filter(reference="bai-kernel/python:2").update(
+        service_ports=[kernel_images.JUPYTER_APP]
+    )
+
+
+def _open_jupyter(browser, stack: Stack, session_id: str) -> tuple[float, float]:
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{stack.url}/login/")
+        page.fill("#id_username", "bench")
+        page.fill("#id_password", BENCH_PASSWORD)
+        page.click("button[type=submit]")
+        button = page.locator(f'tr[data-id="{session_id}"] button[data-app="jupyter"]')
+        button.wait_for(timeout=30_000)
+        with context.expect_page(timeout=30_000) as opened:
+            clicked = time.perf_counter()
+            button.click()
+        tab = opened.value
+        tab.locator("#new-dropdown-button").wait_for(timeout=30_000)
+        tab.wait_for_load_state("load")
+        ready = time.perf_counter() - clicked
+        tab.locator("#new-dropdown-button").click()
+        with context.expect_page(timeout=30_000) as notebook_opened:
+            asked = time.perf_counter()
+            tab.locator("#kernel-python3 a").click()
+        notebook = notebook_opened.value
+        notebook.locator("#kernel_indicator_icon.kernel_idle_icon").wait_for(
+            state="attached", timeout=30_000
+        )
+        return ready, time.perf_counter() - asked
+    finally:
+        context.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--jupyter-runs", type=int, default=3)
     args = parser.parse_args()
 
     apps_port = free_port()
@@ -161,6 +240,7 @@ def main() -> None:
         BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{apps_port}",
     )
     ids = streams.setup_database()
+    _jupyter_ready_user()
     stack = Stack(ids["agent_token"])
     proxy = streams.subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
@@ -250,6 +330,15 @@ def main() -> None:
         print(f"  added to p50: {p['p50'] - d['p50']:.2f} ms (target <= 3 ms)")
         print(f"  requests/s through the proxy: {p['rps']:.0f} (target >= 500)")
         print(f"  bulk through the proxy: {p['down']:.0f} / {p['up']:.0f} MB/s (target >= 100)")
+        if args.jupyter_runs:
+            opened = jupyter_click(stack, token, args.jupyter_runs)
+            clicks = sorted(o for o, _ in opened)
+            kernels = sorted(k for _, k in opened)
+            print(
+                f"  Jupyter, {len(opened)} fresh sessions in Chromium: click -> file page ready "
+                f"median {clicks[len(clicks) // 2]:.2f} s (max {clicks[-1]:.2f} s; target <= 3 s); "
+                f"New notebook -> kernel idle median {kernels[len(kernels) // 2]:.2f} s"
+            )
     finally:
         if proxy.poll() is None:
             proxy.terminate()

@@ -14,9 +14,14 @@ from urllib.parse import urlsplit
 import pytest
 
 from sessions_app import kernel_images
-from sessions_app.models import Agent, AgentStatus, Image, Status
-from tests.docker.test_cluster_system import PYTHON_IMAGE, _wait_status, engine  # noqa: F401
-from tests.live import wait_for
+from sessions_app.models import Agent, AgentStatus, Image, Kernel, Status
+from tests.docker.test_cluster_system import (  # noqa: F401
+    PYTHON_IMAGE,
+    _wait_status,
+    engine,
+    images,
+)
+from tests.live import free_port, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
@@ -219,3 +224,89 @@ def test_a_100_mb_upload_and_download_through_the_proxy_keep_their_checksum(
     conn.close()
     assert size == BULK
     assert back.hexdigest() == digest.hexdigest()
+
+
+def _open_app(live, token, session_id, app):
+    """The owner's cookie for an app: the launcher's link traded on the apps origin."""
+    status, opened = _api(live, token, "POST", f"/api/v1/sessions/{session_id}/apps/{app}/open/")
+    assert status == 200, opened
+    link = urlsplit(opened["url"])
+    response, _ = _call(live.apps_port, "GET", f"{link.path}?{link.query}", host=link.netloc)
+    assert response.status == 302
+    return link.netloc, response.getheader("Set-Cookie").split(";", 1)[0]
+
+
+def _serve_and_fetch(live, token, spec, *, port):
+    """Launch ``spec`` (its start command writes hello.txt and serves its directory on
+    ``port``), then fetch hello.txt through the apps proxy as its owner."""
+    status, session = _api(live, token, "POST", "/api/v1/sessions/", spec)
+    assert status == 201, session
+    _wait_status(session["id"], Status.RUNNING, timeout=90)
+    host, cookie = _open_app(live, token, session["id"], f"port-{port}")
+
+    def fetched():
+        response, body = _call(
+            live.apps_port, "GET", "/hello.txt", host=host, headers={"Cookie": cookie}
+        )
+        return body if response.status == 200 else None
+
+    return session, wait_for(fetched, timeout=30, what="hello.txt through the proxy")
+
+
+def test_the_app_of_a_multi_node_cluster_is_served_from_main1_on_its_own_agent(
+    engine,  # noqa: F811
+    images,  # noqa: F811
+    live_system,
+    make_agent,
+    make_token,
+    alice,
+):
+    live_system.start_apps()
+    for name in ("node-a", "node-b"):  # one CPU each: the two kernels must spread
+        agent = make_agent(name, cpu="1", mem=2 * 2**30)
+        live_system.start_agent(agent, "--cpu", "1", "--mem", "2g")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).count() == 2, what="two agents")
+    session, body = _serve_and_fetch(
+        live_system,
+        make_token(alice),
+        {
+            "image": PYTHON_IMAGE,
+            "cluster_mode": "multi-node",
+            "cluster_size": 2,
+            "ports": [8080],
+            "resources": {"cpu": 1, "mem": "256m"},
+            "startup_command": 'echo "from $BACKENDAI_CLUSTER_HOST" > hello.txt; '
+            "exec python3 -m http.server 8080",
+        },
+        port=8080,
+    )
+    assert body == b"from main1\n"
+    agents = set(Kernel.objects.filter(session_id=session["id"]).values_list("agent_id", flat=True))
+    assert agents == {"node-a", "node-b"}
+
+
+def test_the_app_of_a_process_backend_kernel_is_served_from_the_agents_loopback(
+    images,  # noqa: F811
+    live_system,
+    make_agent,
+    make_token,
+    alice,
+):
+    live_system.start_apps()
+    live_system.start_agent(make_agent("node-p", cpu="2", mem=2**30), backend="process")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    port = free_port()
+    _, body = _serve_and_fetch(
+        live_system,
+        make_token(alice),
+        {
+            "image": PYTHON_IMAGE,
+            "ports": [port],
+            "resources": {"cpu": 1, "mem": "256m"},
+            # Served by a relative path: the test's work dir sits in pytest's private tmp.
+            "startup_command": "echo from-a-process > hello.txt; "
+            f"exec python3 -m http.server --directory . --bind 127.0.0.1 {port}",
+        },
+        port=port,
+    )
+    assert body == b"from-a-process\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -310,3 +311,64 @@ def test_the_app_of_a_process_backend_kernel_is_served_from_the_agents_loopback(
         port=port,
     )
     assert body == b"from-a-process\n"
+
+
+# Counts the connections it accepts (GET /count) and drops one idle for a second.
+COUNTING_SERVER = """exec python3 -c '
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 1
+    accepted = 0
+    def setup(self):
+        H.accepted += 1
+        super().setup()
+    def do_GET(self):
+        body = str(H.accepted).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+'"""
+
+
+def test_requests_reuse_a_kept_connection_and_one_the_app_closed_is_replaced(
+    engine,  # noqa: F811
+    images,  # noqa: F811
+    live_system,
+    make_agent,
+    make_token,
+    alice,
+):
+    live_system.start_apps()
+    live_system.start_agent(make_agent("node-a", cpu="2", mem=2**31), "--cpu", "2", "--mem", "2g")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    token = make_token(alice)
+    status, session = _api(
+        live_system,
+        token,
+        "POST",
+        "/api/v1/sessions/",
+        {
+            "image": PYTHON_IMAGE,
+            "ports": [8080],
+            "resources": {"cpu": 1, "mem": "256m"},
+            "startup_command": COUNTING_SERVER,
+        },
+    )
+    assert status == 201, session
+    _wait_status(session["id"], Status.RUNNING, timeout=90)
+    host, cookie = _open_app(live_system, token, session["id"], "port-8080")
+
+    def count():
+        response, body = _call(
+            live_system.apps_port, "GET", "/count", host=host, headers={"Cookie": cookie}
+        )
+        return int(body) if response.status == 200 else None
+
+    first = wait_for(count, timeout=30, what="the counting server")
+    # Each of these is a new browser connection; the proxy carries them all over one.
+    assert [count() for _ in range(5)] == [first] * 5
+    time.sleep(1.5)  # the app drops the idle connection: the next request gets a new one
+    assert count() == first + 1

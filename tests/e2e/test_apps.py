@@ -91,6 +91,31 @@ def test_jupyter_opens_from_the_session_list_and_runs_a_cell_through_the_proxy(
             assert c["value"] not in sent, f"{c['name']} went to {request.url}"
 
 
+def test_a_web_server_started_in_the_terminal_opens_from_its_port_button(
+    running_python, login, live_server_url, shot
+):
+    page = login("alice", screenshot=False)
+    page.goto(f"{live_server_url}/sessions/{running_python.pk}/terminal/")
+    page.wait_for_function("() => window.termReady === true")
+    page.locator("#terminal").click()
+    page.keyboard.type(
+        "mkdir -p site && echo served-from-the-terminal > site/note.txt "
+        "&& python3 -m http.server --directory site 8080\n"
+    )
+    page.wait_for_function("() => window.termOutput.includes('Serving HTTP')")
+    shot(page, "terminal-serving-8080")
+
+    page.goto(f"{live_server_url}/sessions/{running_python.pk}/")
+    with page.context.expect_page() as opened:
+        page.locator('#d-apps button[data-app="port-8080"]').click()
+    tab = opened.value
+    tab.wait_for_url(f"http://{running_python.pk.hex}-port-8080.apps.localhost:*/")
+    tab.get_by_role("link", name="note.txt").click()
+    tab.wait_for_url("**/note.txt")
+    assert tab.locator("body").inner_text().strip() == "served-from-the-terminal"
+    shot(tab, "file-through-the-proxy", users_document=True)
+
+
 def test_the_detail_page_offers_the_apps_and_says_why_an_app_did_not_open(
     running_python, login, live_server_url, shot
 ):

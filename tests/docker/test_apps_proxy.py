@@ -47,6 +47,46 @@ def _api(live, token, method, path, body=None):
     return response.status, json.loads(data or b"{}")
 
 
+def _one_agent(live, make_agent):
+    live.start_apps()
+    live.start_agent(make_agent("node-a", cpu="2", mem=4 * 2**30), "--cpu", "2", "--mem", "4g")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+
+
+def _launch_running(live, token, spec):
+    status, session = _api(live, token, "POST", "/api/v1/sessions/", spec)
+    assert status == 201, session
+    _wait_status(session["id"], Status.RUNNING, timeout=90)
+    return session
+
+
+def _open_app(live, token, session_id, app):
+    """The owner's cookie for an app: the launcher's link traded on the apps origin."""
+    status, opened = _api(live, token, "POST", f"/api/v1/sessions/{session_id}/apps/{app}/open/")
+    assert status == 200, opened
+    link = urlsplit(opened["url"])
+    response, _ = _call(live.apps_port, "GET", f"{link.path}?{link.query}", host=link.netloc)
+    assert response.status == 302
+    return link.netloc, response.getheader("Set-Cookie").split(";", 1)[0]
+
+
+def _server_on_8080(live, make_agent, token, startup_command):
+    """One agent, a running session whose start command serves port 8080, and the owner's
+    (host, cookie) for that app."""
+    _one_agent(live, make_agent)
+    session = _launch_running(
+        live,
+        token,
+        {
+            "image": PYTHON_IMAGE,
+            "ports": [8080],
+            "resources": {"cpu": 1, "mem": "512m"},
+            "startup_command": startup_command,
+        },
+    )
+    return _open_app(live, token, session["id"], "port-8080")
+
+
 def test_a_web_server_in_a_session_is_reached_through_the_apps_origin_by_its_owner_alone(
     engine,  # noqa: F811
     group,
@@ -163,31 +203,7 @@ def test_a_100_mb_upload_and_download_through_the_proxy_keep_their_checksum(
     import os
 
     Image.objects.update_or_create(reference=PYTHON_IMAGE, defaults={"supports_ssh": True})
-    live_system.start_apps()
-    node = make_agent("node-a", cpu="2", mem=4 * 2**30)
-    live_system.start_agent(node, "--cpu", "2", "--mem", "4g")
-    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
-    token = make_token(alice)
-    status, session = _api(
-        live_system,
-        token,
-        "POST",
-        "/api/v1/sessions/",
-        {
-            "image": PYTHON_IMAGE,
-            "ports": [8080],
-            "resources": {"cpu": 1, "mem": "512m"},
-            "startup_command": UPLOAD_SERVER,
-        },
-    )
-    assert status == 201, session
-    _wait_status(session["id"], Status.RUNNING)
-    _, opened = _api(
-        live_system, token, "POST", f"/api/v1/sessions/{session['id']}/apps/port-8080/open/"
-    )
-    link = urlsplit(opened["url"])
-    response, _ = _call(live_system.apps_port, "GET", f"{link.path}?{link.query}", host=link.netloc)
-    cookie = response.getheader("Set-Cookie").split(";", 1)[0]
+    host, cookie = _server_on_8080(live_system, make_agent, make_token(alice), UPLOAD_SERVER)
 
     source = tmp_path / "upload.bin"
     digest = hashlib.sha256()
@@ -204,7 +220,7 @@ def test_a_100_mb_upload_and_download_through_the_proxy_keep_their_checksum(
                 "PUT",
                 "/upload.bin",
                 body=body,
-                headers={"Host": link.netloc, "Cookie": cookie, "Content-Length": str(BULK)},
+                headers={"Host": host, "Cookie": cookie, "Content-Length": str(BULK)},
             )
             response = conn.getresponse()
             response.read()
@@ -215,7 +231,7 @@ def test_a_100_mb_upload_and_download_through_the_proxy_keep_their_checksum(
     assert wait_for(lambda: upload() == 201, timeout=60, what="the upload")
 
     conn = http.client.HTTPConnection("127.0.0.1", live_system.apps_port, timeout=120)
-    conn.request("GET", "/upload.bin", headers={"Host": link.netloc, "Cookie": cookie})
+    conn.request("GET", "/upload.bin", headers={"Host": host, "Cookie": cookie})
     response = conn.getresponse()
     assert response.status == 200
     back, size = hashlib.sha256(), 0
@@ -227,22 +243,10 @@ def test_a_100_mb_upload_and_download_through_the_proxy_keep_their_checksum(
     assert back.hexdigest() == digest.hexdigest()
 
 
-def _open_app(live, token, session_id, app):
-    """The owner's cookie for an app: the launcher's link traded on the apps origin."""
-    status, opened = _api(live, token, "POST", f"/api/v1/sessions/{session_id}/apps/{app}/open/")
-    assert status == 200, opened
-    link = urlsplit(opened["url"])
-    response, _ = _call(live.apps_port, "GET", f"{link.path}?{link.query}", host=link.netloc)
-    assert response.status == 302
-    return link.netloc, response.getheader("Set-Cookie").split(";", 1)[0]
-
-
 def _serve_and_fetch(live, token, spec, *, port):
     """Launch ``spec`` (its start command writes hello.txt and serves its directory on
     ``port``), then fetch hello.txt through the apps proxy as its owner."""
-    status, session = _api(live, token, "POST", "/api/v1/sessions/", spec)
-    assert status == 201, session
-    _wait_status(session["id"], Status.RUNNING, timeout=90)
+    session = _launch_running(live, token, spec)
     host, cookie = _open_app(live, token, session["id"], f"port-{port}")
 
     def fetched():
@@ -341,25 +345,7 @@ def test_requests_reuse_a_kept_connection_and_one_the_app_closed_is_replaced(
     make_token,
     alice,
 ):
-    live_system.start_apps()
-    live_system.start_agent(make_agent("node-a", cpu="2", mem=2**31), "--cpu", "2", "--mem", "2g")
-    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
-    token = make_token(alice)
-    status, session = _api(
-        live_system,
-        token,
-        "POST",
-        "/api/v1/sessions/",
-        {
-            "image": PYTHON_IMAGE,
-            "ports": [8080],
-            "resources": {"cpu": 1, "mem": "256m"},
-            "startup_command": COUNTING_SERVER,
-        },
-    )
-    assert status == 201, session
-    _wait_status(session["id"], Status.RUNNING, timeout=90)
-    host, cookie = _open_app(live_system, token, session["id"], "port-8080")
+    host, cookie = _server_on_8080(live_system, make_agent, make_token(alice), COUNTING_SERVER)
 
     def count():
         response, body = _call(

@@ -6,6 +6,7 @@
 import { api, badge, el, fmtAge, fmtDuration, fmtLimit, fmtSlots, fmtStamp, fmtTime, followSessions, isEnded, MODE_LABEL, readJSON, sessionAge } from "./common.js";
 import { openLogs } from "./logs.js";
 import { appButtons } from "./apps.js";
+import { consoleFollows, startConsole } from "./console.js";
 
 let session = readJSON("session-data");
 const $ = (id) => document.getElementById(id);
@@ -103,6 +104,8 @@ function render() {
     launcher.replaceChildren(...appButtons(s));
   }
 
+  consoleFollows(s);
+
   const facts = $("d-facts");
   facts.replaceChildren();
   fact(facts, "Session ID", el("span.mono", {}, s.id));
@@ -187,6 +190,7 @@ $("d-terminate").addEventListener("click", async () => {
   }
 });
 
+startConsole(session);
 render();
 setInterval(tickCountdowns, 1000);
 followSessions((items) => {

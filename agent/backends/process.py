@@ -479,6 +479,10 @@ class ProcessBackend(Backend):
         # Children of the kernel may outlive the leader; the group id stays valid while any do.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+        for app in state.extra.pop("apps", []):  # apps started on demand, each its own group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(app.pid, signal.SIGKILL)
+            await asyncio.to_thread(app.wait)
         uid = (state.extra.get("info") or {}).get("uid")
         if self.isolated and uid is not None and uid >= self.config.kernel_uid_base > 0:
             # A process that left the group (setsid) is still the kernel's uid.
@@ -547,21 +551,23 @@ class ProcessBackend(Backend):
         uid, gid = info.get("uid"), info.get("gid")
         limits = KernelLimits(Decimal(0), int(info.get("mem") or MIN_MEM))
         try:
-            subprocess.Popen(
+            app = subprocess.Popen(
                 ["/bin/sh", "-c", command],
                 cwd=info["dir"],
                 env={**info["env"], **env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                # In the kernel's process group: destroying the kernel ends the app too.
-                process_group=int(info["pid"]),
+                # A group of its own (the kernel's is in another session, which Linux
+                # refuses to join); destroying the kernel ends it too (_kill_group).
+                start_new_session=True,
                 preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
                 **self._identity(uid, gid),
             )
         except OSError as exc:
             raise KernelError(f"cannot start the app: {exc}") from exc
+        state.extra.setdefault("apps", []).append(app)
 
     async def spawn_terminal(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 from urllib.parse import urlsplit
 
@@ -290,20 +291,34 @@ def test_the_app_of_a_multi_node_cluster_is_served_from_main1_on_its_own_agent(
     assert agents == {"node-a", "node-b"}
 
 
-def test_the_app_of_a_process_backend_kernel_is_served_from_the_agents_loopback(
+def test_apps_of_a_process_backend_kernel_are_served_from_the_agents_loopback(
     images,  # noqa: F811
     live_system,
     make_agent,
     make_token,
     alice,
 ):
+    """A port the start command serves, and an app of the image started on its first open."""
+    on_demand = free_port()
+    Image.objects.filter(reference=PYTHON_IMAGE).update(
+        service_ports=[
+            {
+                "name": "files",
+                "protocol": "http",
+                "port": on_demand,
+                "start_command": "echo started-on-demand > hello.txt; exec python3 -m "
+                'http.server --directory . --bind "$BAI_APP_BIND" "$BAI_APP_PORT"',
+            }
+        ]
+    )
     live_system.start_apps()
     live_system.start_agent(make_agent("node-p", cpu="2", mem=2**30), backend="process")
     wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
     port = free_port()
-    _, body = _serve_and_fetch(
+    token = make_token(alice)
+    session, body = _serve_and_fetch(
         live_system,
-        make_token(alice),
+        token,
         {
             "image": PYTHON_IMAGE,
             "ports": [port],
@@ -315,6 +330,21 @@ def test_the_app_of_a_process_backend_kernel_is_served_from_the_agents_loopback(
         port=port,
     )
     assert body == b"from-a-process\n"
+
+    host, cookie = _open_app(live_system, token, session["id"], "files")
+    response, body = _call(
+        live_system.apps_port, "GET", "/hello.txt", host=host, headers={"Cookie": cookie}
+    )
+    assert (response.status, body) == (200, b"started-on-demand\n")
+    # Ending the session ends the app it started: nothing listens on its port any more.
+    _api(live_system, token, "POST", f"/api/v1/sessions/{session['id']}/terminate/")
+    _wait_status(session["id"], Status.TERMINATED)
+
+    def closed():
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", on_demand)) != 0
+
+    wait_for(closed, timeout=10, what="the on-demand app to end with its kernel")
 
 
 # Counts the connections it accepts (GET /count) and drops one idle for a second.

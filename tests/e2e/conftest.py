@@ -285,6 +285,31 @@ def apps_proxy(live_server_url, live_env, apps_port, own_origin_guard, tmp_path)
 
 
 @pytest.fixture
+def running_python(real_agent, users, images, apps_proxy):
+    """alice's session of the Python image (which declares Jupyter), RUNNING."""
+    from sessions_app import kernel_images, services
+    from sessions_app.models import Session
+
+    image = images["bai-kernel/python:2"]
+    image.service_ports = [kernel_images.JUPYTER_APP]
+    image.save(update_fields=["service_ports"])
+    session = services.session_create(
+        owner=users["alice"],
+        spec={
+            "image": image.reference,
+            "name": "notebook",
+            "resources": {"cpu": "1", "mem": "1g"},
+            "ports": [8080],
+        },
+    )
+    deadline = time.monotonic() + 120
+    while (status := Session.objects.get(pk=session.pk).status) != "RUNNING":
+        assert time.monotonic() < deadline, f"the session is still {status}"
+        time.sleep(0.2)
+    return session
+
+
+@pytest.fixture
 def own_origin_guard(live_server_url) -> OwnOriginGuard:
     """What the test's pages requested outside the live server's origin."""
     return OwnOriginGuard(live_server_url)

@@ -9,7 +9,6 @@ Screenshots go to test-artifacts/e2e/<test>/<step>.png.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,31 +18,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.docker, pytest.mark.django_db(transac
 # Jupyter's own pages are third-party markup served on the apps origin, not the
 # manager's; the checks leave their whole body out (the manager's pages stay checked).
 JUPYTER_PAGE = ["body"]
-
-
-@pytest.fixture
-def running_python(real_agent, users, images, apps_proxy):
-    """alice's session of the Python image (which declares Jupyter), RUNNING."""
-    from sessions_app import kernel_images, services
-    from sessions_app.models import Session
-
-    image = images["bai-kernel/python:2"]
-    image.service_ports = [kernel_images.JUPYTER_APP]
-    image.save(update_fields=["service_ports"])
-    session = services.session_create(
-        owner=users["alice"],
-        spec={
-            "image": image.reference,
-            "name": "notebook",
-            "resources": {"cpu": "1", "mem": "1g"},
-            "ports": [8080],
-        },
-    )
-    deadline = time.monotonic() + 120
-    while (status := Session.objects.get(pk=session.pk).status) != "RUNNING":
-        assert time.monotonic() < deadline, f"the session is still {status}"
-        time.sleep(0.2)
-    return session
 
 
 def test_jupyter_opens_from_the_session_list_and_runs_a_cell_through_the_proxy(

@@ -109,10 +109,11 @@ def sessions_show(session: str, as_json: bool) -> None:
 def _create(client: Client, image: str | None, options: dict[str, Any], wait: bool) -> Any:
     spec = _api(lambda: launch_spec(client, image, **options))
     created = _api(lambda: client.call("POST", "sessions/", spec))
-    _say(f"Session {created['name']} ({created['id']}) created: {created['status']}")
+    reason = f" ({created['status_reason']})" if created["status_reason"] else ""
+    _say(f"Session {created['name']} ({created['id']}) created: {created['status']}{reason}")
     if not wait:
         return created
-    session = _api(lambda: wait_until_running(client, created["id"], _say))
+    session = _api(lambda: wait_until_running(client, created, _say))
     if (why := failure(session)) is not None:
         raise click.ClickException(why)
     return session
@@ -250,7 +251,7 @@ def run(
     session = _create(client, image, {**options, "type": "interactive"}, wait=False)
     status = INTERRUPTED
     try:
-        running = _api(lambda: wait_until_running(client, session["id"], _say))
+        running = _api(lambda: wait_until_running(client, session, _say))
         if (why := failure(running)) is not None:
             raise click.ClickException(why)
         status = _run_code(client, session["id"], source, timeout)

@@ -121,13 +121,13 @@ def launch_spec(client: Client, image: str | None, **options: Any) -> dict[str, 
 
 
 def wait_until_running(
-    client: Client, session_id: str, say: Callable[[str], None]
+    client: Client, session: dict[str, Any], say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Look at the session until it runs or ends, saying each change of status
-    (with the reason, e.g. why it waits). Returns the session as last seen."""
-    shown = None
+    """Look at ``session`` until it runs or ends, saying each change of status
+    after the one it had (with the reason, e.g. why it waits). Returns the
+    session as last seen."""
+    shown = (session["status"], session["status_reason"])
     while True:
-        session = client.call("GET", f"sessions/{session_id}/")
         status, reason = session["status"], session["status_reason"]
         if (status, reason) != shown:
             say(f"{session['name']}: {status}" + (f" ({reason})" if reason else ""))
@@ -135,6 +135,7 @@ def wait_until_running(
         if status == "RUNNING" or status in ENDED:
             return session
         time.sleep(WAIT_INTERVAL)
+        session = client.call("GET", f"sessions/{session['id']}/")
 
 
 def failure(session: dict[str, Any]) -> str | None:

@@ -17,10 +17,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 MAX_FRAME = 16 * 2**20
-# Without --follow, a live log is read until it has been quiet this long (the
-# container's backlog comes first, in a burst) or, when nothing comes at all,
-# until FIRST_CHUNK_WAIT after the stream opened.
+# Without --follow, a live log is read until it has been quiet for LOG_QUIET
+# (the container's backlog comes first, in a burst), for at most BACKLOG_WINDOW
+# after its first chunk (a chatty container is never quiet) or, when nothing
+# comes at all, until FIRST_CHUNK_WAIT after the stream opened.
 LOG_QUIET = 0.5
+BACKLOG_WINDOW = 1.0
 FIRST_CHUNK_WAIT = 3.0
 # exec-timeout has no exit status of its own: use GNU timeout's.
 TIMEOUT_EXIT = 124
@@ -71,9 +73,12 @@ async def read_log(
 ) -> None:
     """Write a kernel's log: the kept tail of one that ended, or what a live one
     wrote so far and, with ``follow``, what it writes until it ends."""
+    clock = asyncio.get_running_loop().time
+    until = None if follow else clock() + FIRST_CHUNK_WAIT
+    backlog_ends = None
     async with _connect(url, token) as ws:
-        wait: float | None = None if follow else FIRST_CHUNK_WAIT
         while True:
+            wait = None if until is None else max(0.0, until - clock())
             try:
                 message = _message(await asyncio.wait_for(ws.recv(), wait))
             except (TimeoutError, ConnectionClosed):
@@ -81,7 +86,9 @@ async def read_log(
             kind = message.get("type")
             if kind == "chunk":
                 write(message.get("data", ""))
-                wait = None if follow else LOG_QUIET
+                if not follow:
+                    backlog_ends = backlog_ends or clock() + BACKLOG_WINDOW
+                    until = min(clock() + LOG_QUIET, backlog_ends)
             elif kind == "state" and (follow or not message.get("live")):
                 say(message.get("message", ""))
             elif kind == "ended":

@@ -1,7 +1,9 @@
-"""The ``bai`` client against a live manager, apps proxy and agent: ``bai login``
-keeps a token in a 0600 config file, ``bai sessions`` lists, and ``bai app``
+"""The ``bai`` client (run as a user would, ``python -m bai_client``) against a
+live manager, apps proxy and docker agent: ``bai login`` keeps a token in a 0600
+config file; ``bai sessions create|list|show|terminate`` by id or name, with
+cluster options and ``--wait``; ``bai logs`` and ``--follow``; ``bai app``
 forwards a local TCP port to an echo server in the kernel, through the proxy's
-raw-TCP websocket. Only the session's owner gets a forward.
+raw-TCP websocket. Only the session's owner sees, follows or forwards anything.
 
 Personas: ``alice`` owns the session; ``bob`` may not forward its port.
 """

@@ -32,7 +32,7 @@ from tests.docker.test_cluster_system import (  # noqa: F401
     engine,
     images,
 )
-from tests.live import ROOT, free_port, stop_process, wait_for
+from tests.live import ROOT, free_port, start_bai, stop_process, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
@@ -146,14 +146,8 @@ def test_bai_app_forwards_a_local_port_to_an_echo_server_in_the_kernel_for_its_o
     assert str(session.pk) in listed and f"port-{ECHO_PORT}" in listed
 
     port = free_port()
-    forward = subprocess.Popen(
-        [sys.executable, "-m", "bai_client", "app", str(session.pk), f"port-{ECHO_PORT}"]
-        + ["--bind", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env={**os.environ, "BAI_CONFIG": str(config), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    forward = start_bai(
+        config, "app", str(session.pk), f"port-{ECHO_PORT}", "--bind", f"127.0.0.1:{port}"
     )
     try:
         assert "Forwarding" in forward.stdout.readline()
@@ -220,6 +214,11 @@ def alice_config(live_system, with_passwords, tmp_path):
     return config
 
 
+def create(config, *flags, check=True):
+    """``bai sessions create`` of the minimal image."""
+    return bai(config, "sessions", "create", MINIMAL_IMAGE, *flags, check=check)
+
+
 def _ticks(line):
     return int(line.split()[1]) if line.startswith("tick ") else None
 
@@ -268,14 +267,7 @@ def test_bai_sessions_create_waits_lists_shows_logs_follows_and_terminates_by_na
     so_far = bai(alice_config, "logs", "ticker")
     assert "hello from main1" in so_far.stdout and "tick 1\n" in so_far.stdout
 
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "bai_client", "logs", "ticker", "--follow"],
-        cwd=ROOT,
-        env={**os.environ, "BAI_CONFIG": str(alice_config), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    follow = start_bai(alice_config, "logs", "ticker", "--follow")
     try:
         assert follow.stdout.readline() == "hello from main1\n"
         first = last = None
@@ -367,21 +359,9 @@ def test_bai_sessions_create_says_why_a_session_did_not_come_up_in_the_servers_w
     live_system,
     alice_config,
 ):
-    failed = bai(
-        alice_config,
-        "sessions",
-        "create",
-        MINIMAL_IMAGE,
-        "--type",
-        "batch",
-        "--name",
-        "failing",
-        "-r",
-        "mem=64m",
-        "--startup-command",
-        "echo oops; exit 3",
-        "--wait",
-        check=False,
+    batch = ["--type", "batch", "-r", "mem=64m", "--wait"]
+    failed = create(
+        alice_config, *batch, "-n", "failing", "--startup-command", "exit 3", check=False
     )
     assert failed.returncode == 1
     assert "Error: session failing ended TERMINATED:" in failed.stderr
@@ -389,37 +369,16 @@ def test_bai_sessions_create_says_why_a_session_did_not_come_up_in_the_servers_w
     assert (failing["result"], failing["exit_code"]) == ("FAILED", 3)
 
     # A session depending on it (named by name) never runs.
-    dependent = bai(
-        alice_config,
-        "sessions",
-        "create",
-        MINIMAL_IMAGE,
-        "--type",
-        "batch",
-        "--startup-command",
-        "true",
-        "--depends-on",
-        "failing",
-        "--wait",
-        check=False,
+    dependent = create(
+        alice_config, *batch, "--startup-command", "true", "--depends-on", "failing", check=False
     )
     assert dependent.returncode == 1
     assert "ended CANCELLED: dependency failing ended FAILED" in dependent.stderr
 
     # The manager's refusal, in its words, every field of it.
-    refused = bai(
-        alice_config,
-        "sessions",
-        "create",
-        MINIMAL_IMAGE,
-        "-r",
-        "cpu=0.0001",
-        "-m",
-        "nosuch",
-        check=False,
-    )
+    refused = create(alice_config, "-r", "cpu=0.0001", "-m", "nosuch", check=False)
     assert refused.returncode == 1, refused.stderr
     assert "resources: cpu: at most 3 decimal places" in refused.stderr
     assert "mounts: " in refused.stderr and "nosuch" in refused.stderr
-    usage = bai(alice_config, "sessions", "create", MINIMAL_IMAGE, "-r", "cpu", check=False)
+    usage = create(alice_config, "-r", "cpu", check=False)
     assert usage.returncode == 2 and "'cpu' is not KEY=VALUE" in usage.stderr

@@ -7,16 +7,13 @@ run's status. (tests/docker/test_bai_cli.py runs it against the real one.)"""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 
 import pytest
 from websockets.sync.server import serve
 
-from tests.live import ROOT, stop_process
+from tests.live import start_bai, stop_process
 
 SESSION = "0f0f0f0f-0000-4000-8000-000000000001"
 TOKEN = "t0k3n"
@@ -105,17 +102,8 @@ def config(fake, tmp_path):
     return path
 
 
-def bai_exec(config, *args, **popen):
-    return subprocess.Popen(
-        [sys.executable, "-m", "bai_client", "exec", SESSION, *args],
-        cwd=ROOT,
-        env={**os.environ, "BAI_CONFIG": str(config), "PYTHONUNBUFFERED": "1"},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
+def bai_exec(config, *args):
+    return start_bai(config, "exec", SESSION, *args)
 
 
 def test_bai_exec_streams_output_as_it_comes_and_exits_with_the_runs_status(fake, config):

@@ -16,7 +16,7 @@ import click
 
 from . import config, output
 from .api import ApiError, Client
-from .launch import failure, launch_options, launch_spec, wait_until_running
+from .launch import failure, launch_options, launch_spec, wait_until_running, with_options
 from .streams import STREAM_FAILURES, Outcome, execute, read_log, stream_error
 
 INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
@@ -199,22 +199,20 @@ def _run_code(client: Client, session_id: str, code: str, timeout: float | None)
     return outcome.exit_status
 
 
-code_options = [
-    click.argument("code", required=False),
-    click.option("--file", type=click.File(encoding="utf-8"), help="Run this file's code."),
-    click.option("--timeout", type=click.FloatRange(0, 86400), help="Seconds the run may take."),
-]
-
-
-def _with_code_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(code_options):
-        command = option(command)
-    return command
+code_options = with_options(
+    [
+        click.argument("code", required=False),
+        click.option("--file", type=click.File(encoding="utf-8"), help="Run this file's code."),
+        click.option(
+            "--timeout", type=click.FloatRange(0, 86400), help="Seconds the run may take."
+        ),
+    ]
+)
 
 
 @main.command("exec")
 @click.argument("session")
-@_with_code_options
+@code_options
 @click.pass_context
 def exec_(
     ctx: click.Context, session: str, code: str | None, file: Any, timeout: float | None
@@ -231,7 +229,7 @@ def exec_(
 
 @main.command()
 @click.argument("image")
-@_with_code_options
+@code_options
 @launch_options
 @click.pass_context
 def run(

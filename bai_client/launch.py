@@ -79,11 +79,18 @@ _OPTIONS = [
 ]
 
 
-def launch_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add every launch flag to a click command."""
-    for option in reversed(_OPTIONS):
-        command = option(command)
-    return command
+def with_options(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """A decorator that adds ``options`` to a click command, in their order."""
+
+    def add(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return add
+
+
+launch_options = with_options(_OPTIONS)
 
 
 def _role(image: str | None, resources: tuple[tuple[str, str], ...], replicas: int | None):

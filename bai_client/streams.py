@@ -218,7 +218,12 @@ async def execute(
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, run.on_sigint)
         try:
-            await run.send({"type": "run", "mode": mode, "code": code, "options": options or {}})
+            try:
+                await run.send(
+                    {"type": "run", "mode": mode, "code": code, "options": options or {}}
+                )
+            except ConnectionClosed:
+                pass  # a refusal: its reason waits to be read
             return await run.outcome()
         finally:
             loop.remove_signal_handler(signal.SIGINT)

@@ -13,7 +13,7 @@ import threading
 import pytest
 from websockets.sync.server import serve
 
-from tests.live import start_bai, stop_process
+from tests.live import start_bai, stop_process, wait_for
 
 SESSION = "0f0f0f0f-0000-4000-8000-000000000001"
 TOKEN = "t0k3n"
@@ -71,6 +71,11 @@ class FakeExecute:
         self.send(ws, type="records", records=_records(("stdout", "looping\n")))
         assert self.recv(ws)["type"] == "interrupt"
         self.interrupted(ws)
+
+    def run_stuck(self, ws):
+        self.send(ws, type="records", records=_records(("stdout", "stuck\n")))
+        assert self.recv(ws)["type"] == "interrupt"
+        ws.recv(timeout=20)  # no answer, until the client hangs up
 
     def interrupted(self, ws):
         self.send(ws, type="records", records=_records(("error", "KeyboardInterrupt")))
@@ -149,6 +154,19 @@ def test_ctrl_c_sends_an_interrupt_and_bai_exec_exits_with_the_interrupted_runs_
     assert proc.returncode == 1
     assert "Interrupting the run" in err and "KeyboardInterrupt" in err
     assert fake.received[1] == {"type": "interrupt", "run_id": "r1"}
+
+
+def test_a_second_ctrl_c_stops_waiting_for_a_run_that_does_not_stop(fake, config):
+    proc = bai_exec(config, "stuck")
+    try:
+        assert proc.stdout.readline() == "stuck\n"
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: len(fake.received) == 2, what="the interrupt")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 130 and "Stopped waiting for the run." in err
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from sessions_app.models import Agent, AgentStatus
+from sessions_app.models import Agent, AgentStatus, Session
 from tests.docker.test_cluster_system import (  # noqa: F401
     MINIMAL_IMAGE,
     PYTHON_IMAGE,
@@ -382,3 +382,126 @@ def test_bai_sessions_create_says_why_a_session_did_not_come_up_in_the_servers_w
     assert "mounts: " in refused.stderr and "nosuch" in refused.stderr
     usage = create(alice_config, "-r", "cpu", check=False)
     assert usage.returncode == 2 and "'cpu' is not KEY=VALUE" in usage.stderr
+
+
+# --- exec, run -----------------------------------------------------------------------------
+
+COUNTDOWN = """
+import time
+for i in range(3):
+    print("count", i, flush=True)
+    time.sleep(1)
+"""
+
+
+def test_bai_exec_streams_output_answers_input_and_exits_with_the_codes_status(
+    engine,  # noqa: F811
+    node,
+    live_system,
+    alice_config,
+):
+    python = ["sessions", "create", PYTHON_IMAGE, "-r", "cpu=1", "-r", "mem=1g", "--wait"]
+    bai(alice_config, *python, "--name", "py")
+
+    # Output as it comes: the first line is here while the code still runs.
+    counting = start_bai(alice_config, "exec", "py", COUNTDOWN)
+    try:
+        assert counting.stdout.readline() == "count 0\n"
+        assert counting.poll() is None
+        out, err = counting.communicate(timeout=60)
+    finally:
+        stop_process(counting)
+    assert (counting.returncode, out) == (0, "count 1\ncount 2\n"), err
+
+    # State persists between runs of one session; exit statuses are the code's.
+    assert bai(alice_config, "exec", "py", "x = 41").returncode == 0
+    assert bai(alice_config, "exec", "py", "print(x + 1)").stdout == "42\n"
+    failed = bai(alice_config, "exec", "py", "1/0", check=False)
+    assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
+    exited = bai(alice_config, "exec", "py", "import sys; sys.exit(3)", check=False)
+    assert exited.returncode == 3
+
+    # input() is answered from bai's standard input.
+    asked = bai(alice_config, "exec", "py", "print('hi', input('Name? '))", input="Ada\n")
+    assert "hi Ada" in asked.stdout
+
+    # Ctrl-C interrupts the code: it ends with KeyboardInterrupt, exit status 1.
+    looping = start_bai(
+        alice_config,
+        "exec",
+        "py",
+        "import time\nprint('go', flush=True)\nwhile True: time.sleep(0.1)",
+    )
+    try:
+        assert looping.stdout.readline() == "go\n"
+        looping.send_signal(signal.SIGINT)
+        _, err = looping.communicate(timeout=60)
+    finally:
+        stop_process(looping)
+    assert looping.returncode == 1 and "KeyboardInterrupt" in err
+
+    # An image without a code runner says so.
+    bai(alice_config, "sessions", "create", MINIMAL_IMAGE, "-r", "mem=64m", "-n", "tiny", "--wait")
+    tiny = bai(alice_config, "exec", "tiny", "print(1)", check=False)
+    assert tiny.returncode == 127 and "no code runner" in tiny.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "status"), [("print('all good')", 0), ("import sys; print('bye'); sys.exit(3)", 3)]
+)
+def test_bai_run_runs_a_file_in_a_fresh_session_ends_it_and_exits_with_the_scripts_status(
+    engine,  # noqa: F811
+    node,
+    live_system,
+    alice_config,
+    tmp_path,
+    script,
+    status,
+):
+    path = tmp_path / "script.py"
+    path.write_text(f"import os\nprint(os.environ['BACKENDAI_CLUSTER_HOSTS'])\n{script}\n")
+    cluster = ["--cluster-size", "3", "--cluster-mode", "multi-node"]
+    ran = bai(
+        alice_config,
+        "run",
+        PYTHON_IMAGE,
+        "--file",
+        str(path),
+        *cluster,
+        "-r",
+        "cpu=0.5",
+        "-r",
+        "mem=512m",
+        check=False,
+    )
+    assert ran.returncode == status, ran.stderr
+    assert ran.stdout.startswith("main1,sub1,sub2\n")
+    assert "RUNNING" in ran.stderr and "terminated." in ran.stderr
+    (session,) = Session.objects.all()
+    assert session.cluster_size == 3
+    _wait_status(str(session.pk), "TERMINATED")
+
+
+def test_bai_run_ends_its_session_on_ctrl_c(
+    engine,  # noqa: F811
+    node,
+    live_system,
+    alice_config,
+):
+    running = start_bai(
+        alice_config,
+        "run",
+        PYTHON_IMAGE,
+        "print('up', flush=True)\nimport time\ntime.sleep(600)",
+        "-r",
+        "mem=1g",
+    )
+    try:
+        assert running.stdout.readline() == "up\n"
+        running.send_signal(signal.SIGINT)
+        _, err = running.communicate(timeout=60)
+    finally:
+        stop_process(running)
+    assert running.returncode == 1 and "KeyboardInterrupt" in err and "terminated." in err
+    (session,) = Session.objects.all()
+    _wait_status(str(session.pk), "TERMINATED")

@@ -57,6 +57,7 @@ class AgentConfig:
     data_root: Path | None = None
     # Set by the manager at registration (protocol.REGISTERED).
     log_tail_bytes: int = protocol.LOG_TAIL_BYTES_DEFAULT
+    exec_output_limit: int = protocol.EXEC_OUTPUT_LIMIT_DEFAULT
     pull: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     term_grace: float = DEFAULT_TERM_GRACE

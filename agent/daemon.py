@@ -60,6 +60,13 @@ _WS_LOG = logging.getLogger("agent.ws")
 _WS_LOG.addFilter(_RedactAuthorization())
 
 
+def _bounded_setting(value: Any, current: int, low: int, high: int) -> int:
+    """A manager's integer setting moved into low..high; ``current`` when it sent none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(value, low), high)
+    return current
+
+
 class BadToken(Exception):
     """The manager refused the token; retrying with it cannot help."""
 
@@ -267,11 +274,19 @@ class Agent:
     def _apply_registered(self, msg: dict[str, Any]) -> None:
         """The manager's settings for this agent, within the protocol's bounds."""
         self.heartbeat_interval = float(msg.get("heartbeat_interval") or DEFAULT_HEARTBEAT)
-        tail = msg.get("log_tail_bytes")
-        if isinstance(tail, int) and not isinstance(tail, bool):
-            self.config.log_tail_bytes = min(
-                max(tail, protocol.LOG_TAIL_BYTES_MIN), protocol.LOG_TAIL_BYTES_MAX
-            )
+        config = self.config
+        config.log_tail_bytes = _bounded_setting(
+            msg.get("log_tail_bytes"),
+            config.log_tail_bytes,
+            protocol.LOG_TAIL_BYTES_MIN,
+            protocol.LOG_TAIL_BYTES_MAX,
+        )
+        config.exec_output_limit = _bounded_setting(
+            msg.get("exec_output_limit"),
+            config.exec_output_limit,
+            protocol.EXEC_OUTPUT_LIMIT_MIN,
+            protocol.EXEC_OUTPUT_LIMIT_MAX,
+        )
 
     async def _serve(self, ws: ClientConnection) -> None:
         self._ws = ws

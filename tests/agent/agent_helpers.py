@@ -56,6 +56,7 @@ class FakeManager:
     def __init__(self, token: str = "good-token", heartbeat_interval: float = 0.2) -> None:
         self.token = token
         self.heartbeat_interval = heartbeat_interval
+        self.settings: dict[str, Any] = {}  # more fields of its "registered" answer
         self.frames = Frames()
         self.connections: list[ServerConnection] = []
         self.auth_headers: list[str | None] = []
@@ -85,6 +86,7 @@ class FakeManager:
                             "type": protocol.REGISTERED,
                             "agent_id": "agent-under-test",
                             "heartbeat_interval": self.heartbeat_interval,
+                            **self.settings,
                         }
                     )
                 )

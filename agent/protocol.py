@@ -717,6 +717,12 @@ GW_TERM_ROUTE = "term.route"
 GW_LOGS_CHUNK = "logs.chunk"
 GW_TERM_OUTPUT = "term.output"
 GW_TERM_CLOSED = "term.closed"
+# Code runs: an exec's answers go to the channel that sent it (its "reply") as
+# {"type": "exec.records"|"exec.result", <the agent frame's fields>}; when the
+# agent's connection ends first, {"type": "exec.lost", "req_id", "reason"}.
+GW_EXEC_RECORDS = "exec.records"
+GW_EXEC_RESULT = "exec.result"
+GW_EXEC_LOST = "exec.lost"
 
 
 def gw_agent_command(

@@ -231,6 +231,17 @@ def start_bai(config: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def interrupt_after(proc: subprocess.Popen[str], line: str, timeout: float = 60) -> str:
+    """Press Ctrl-C for ``proc`` once it has written ``line``; its stderr once it exited."""
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        stop_process(proc)
+    return err
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy (state, not sleeps)."""
     deadline = time.monotonic() + timeout

@@ -32,7 +32,7 @@ from tests.docker.test_cluster_system import (  # noqa: F401
     engine,
     images,
 )
-from tests.live import ROOT, free_port, start_bai, stop_process, wait_for
+from tests.live import ROOT, free_port, interrupt_after, start_bai, stop_process, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
@@ -432,12 +432,7 @@ def test_bai_exec_streams_output_answers_input_and_exits_with_the_codes_status(
         "py",
         "import time\nprint('go', flush=True)\nwhile True: time.sleep(0.1)",
     )
-    try:
-        assert looping.stdout.readline() == "go\n"
-        looping.send_signal(signal.SIGINT)
-        _, err = looping.communicate(timeout=60)
-    finally:
-        stop_process(looping)
+    err = interrupt_after(looping, "go\n")
     assert looping.returncode == 1 and "KeyboardInterrupt" in err
 
     # An image without a code runner says so.
@@ -496,12 +491,7 @@ def test_bai_run_ends_its_session_on_ctrl_c(
         "-r",
         "mem=1g",
     )
-    try:
-        assert running.stdout.readline() == "up\n"
-        running.send_signal(signal.SIGINT)
-        _, err = running.communicate(timeout=60)
-    finally:
-        stop_process(running)
+    err = interrupt_after(running, "up\n")
     assert running.returncode == 1 and "KeyboardInterrupt" in err and "terminated." in err
     (session,) = Session.objects.all()
     _wait_status(str(session.pk), "TERMINATED")

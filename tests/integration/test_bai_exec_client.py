@@ -13,7 +13,7 @@ import threading
 import pytest
 from websockets.sync.server import serve
 
-from tests.live import start_bai, stop_process, wait_for
+from tests.live import interrupt_after, start_bai, stop_process, wait_for
 
 SESSION = "0f0f0f0f-0000-4000-8000-000000000001"
 TOKEN = "t0k3n"
@@ -145,12 +145,7 @@ def test_ctrl_c_sends_an_interrupt_and_bai_exec_exits_with_the_interrupted_runs_
     fake, config
 ):
     proc = bai_exec(config, "loop")
-    try:
-        assert proc.stdout.readline() == "looping\n"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        stop_process(proc)
+    err = interrupt_after(proc, "looping\n", timeout=20)
     assert proc.returncode == 1
     assert "Interrupting the run" in err and "KeyboardInterrupt" in err
     assert fake.received[1] == {"type": "interrupt", "run_id": "r1"}

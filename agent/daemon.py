@@ -40,7 +40,11 @@ DEFAULT_HEARTBEAT = 10.0
 OUTBOX_LIMIT = 20_000  # frames kept while the manager is away (oldest dropped first)
 OUTBOX_HIGH = 256  # log followers wait while more frames than this are queued
 # Frames that only make sense to a live listener: dropped while disconnected.
-_VOLATILE = frozenset({protocol.TERM_OUTPUT, protocol.LOG_CHUNK})
+# A code run's answers too: the manager's wait for them ended with the connection, and
+# the run's output waits in the agent for the next "continue".
+_VOLATILE = frozenset(
+    {protocol.TERM_OUTPUT, protocol.LOG_CHUNK, protocol.EXEC_RECORDS, protocol.EXEC_RESULT}
+)
 # Frames someone is waiting on interactively: sent ahead of queued log chunks,
 # so a followed log (up to OUTBOX_HIGH frames queued) does not delay an echo.
 _URGENT = frozenset({protocol.TERM_OUTPUT, protocol.TERM_CLOSED})
@@ -95,6 +99,7 @@ class Agent:
         self._outbox_ready = asyncio.Event()
         self._outbox_room = asyncio.Event()
         self._outbox_room.set()
+        backend.execution.room = self._outbox_room.wait  # streamed runs pace on the outbox
         self._tasks: set[asyncio.Task[Any]] = set()
         self._follows: dict[str, asyncio.Task[Any]] = {}
         self._stop = asyncio.Event()
@@ -376,6 +381,8 @@ class Agent:
                 task.cancel()
         elif kind == protocol.TUNNEL_OPEN:
             self._spawn(run_tunnel(backend, msg))
+        elif kind == protocol.EXEC:
+            backend.execution.handle(msg)
         elif kind == protocol.REGISTERED:
             self._apply_registered(msg)
         elif kind == protocol.ERROR:

@@ -48,6 +48,7 @@ AGENT_CUT = "[output cut: more than the output limit; the rest of this run's out
 
 RUNNING = "running"  # answered as "continued"
 _TEXT_KINDS = frozenset({"stdout", "stderr"})
+_SPLIT_KINDS = frozenset({"stdout", "stderr", "error", "notice"})  # text that may be cut
 
 
 _background: set[asyncio.Task[Any]] = set()
@@ -113,13 +114,14 @@ class Run:
         self.changed.set()
 
     def take(self, budget: int = protocol.EXEC_FRAME_DATA) -> list[dict[str, Any]]:
-        """The next records, at most ``budget`` bytes of data (a record too big is split)."""
+        """The next records, at most ``budget`` bytes of data: text is cut to fill it
+        (between characters), a result or display moves whole to the next frame."""
         taken: list[dict[str, Any]] = []
         while self.pending and len(taken) < protocol.EXEC_RECORDS_MAX:
             record, size = self.pending[0]
             if size > budget:
-                if taken:
-                    break
+                if taken and (record["kind"] not in _SPLIT_KINDS or budget < 4):
+                    break  # a picture is never cut: it goes whole into the next frame
                 head = record["data"].encode("utf-8", "replace")[:budget].decode("utf-8", "ignore")
                 rest = record["data"][len(head) :]
                 self.pending[0] = ({**record, "data": rest}, size - utf8_size(head))

@@ -26,15 +26,8 @@ from scheduler_app import reconcile
 from sessions_app import consumers, execution, services
 from sessions_app.models import ExecutionRun, Kernel, Session, Status
 from sessions_app.tokens import token_create
-from tests.channels.test_browser_consumers import (  # noqa: F401 - fixtures
-    _running_session,
-    browser,
-    fake_agent,
-    frame_of,
-    no_frame_of,
-    refused,
-    running,
-)
+
+from .helpers import browser, frame_of, no_frame_of, refused, running_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("channel_prefix")]
 
@@ -680,7 +673,7 @@ async def test_an_agent_cannot_stream_into_another_agents_request(
 
 
 async def test_a_second_session_keeps_its_own_answers(running, alice, image, fake_agent):
-    other = await sync_to_async(_running_session)(alice, image, size=1)
+    other = await sync_to_async(running_session)(alice, image, size=1)
     token = await token_of(alice)
     first = execute(running, token, {"mode": "query", "code": "a"})
     second = execute(other, token, {"mode": "query", "code": "b"})

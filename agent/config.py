@@ -57,6 +57,7 @@ class AgentConfig:
     data_root: Path | None = None
     # Set by the manager at registration (protocol.REGISTERED).
     log_tail_bytes: int = protocol.LOG_TAIL_BYTES_DEFAULT
+    exec_output_limit: int = protocol.EXEC_OUTPUT_LIMIT_DEFAULT
     pull: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     term_grace: float = DEFAULT_TERM_GRACE
@@ -64,6 +65,9 @@ class AgentConfig:
     stop_timeout: int = 2
     kernel_tmp_size: int = DEFAULT_KERNEL_TMP_SIZE
     kernel_uid_base: int = DEFAULT_KERNEL_UID_BASE
+    # The process backend's python for the code runner (None: the agent's own when
+    # kernels can run it, else python3 on the kernel's PATH).
+    runner_python: str | None = None
 
     @property
     def agent_key(self) -> str:
@@ -111,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_KERNEL_UID_BASE,
         help="process backend as root: kernels run as uid BASE+1, BASE+2, … in group BASE",
     )
+    p.add_argument(
+        "--runner-python",
+        default=None,
+        help="process backend: the python (with jupyter_client and ipykernel) that runs code"
+        " in kernels (default: the agent's own when kernels can run it, else python3)",
+    )
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
@@ -138,6 +148,7 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         term_grace=ns.term_grace,
         kernel_tmp_size=ns.kernel_tmp_size,
         kernel_uid_base=ns.kernel_uid_base,
+        runner_python=ns.runner_python,
     )
     if not 0 < cfg.kernel_uid_base < 2**31 - 2**16:
         parser.error("--kernel-uid-base must leave room for 65536 uids below 2^31")

@@ -40,7 +40,11 @@ DEFAULT_HEARTBEAT = 10.0
 OUTBOX_LIMIT = 20_000  # frames kept while the manager is away (oldest dropped first)
 OUTBOX_HIGH = 256  # log followers wait while more frames than this are queued
 # Frames that only make sense to a live listener: dropped while disconnected.
-_VOLATILE = frozenset({protocol.TERM_OUTPUT, protocol.LOG_CHUNK})
+# A code run's answers too: the manager's wait for them ended with the connection, and
+# the run's output waits in the agent for the next "continue".
+_VOLATILE = frozenset(
+    {protocol.TERM_OUTPUT, protocol.LOG_CHUNK, protocol.EXEC_RECORDS, protocol.EXEC_RESULT}
+)
 # Frames someone is waiting on interactively: sent ahead of queued log chunks,
 # so a followed log (up to OUTBOX_HIGH frames queued) does not delay an echo.
 _URGENT = frozenset({protocol.TERM_OUTPUT, protocol.TERM_CLOSED})
@@ -58,6 +62,13 @@ class _RedactAuthorization(logging.Filter):
 
 _WS_LOG = logging.getLogger("agent.ws")
 _WS_LOG.addFilter(_RedactAuthorization())
+
+
+def _bounded_setting(value: Any, current: int, low: int, high: int) -> int:
+    """A manager's integer setting moved into low..high; ``current`` when it sent none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(value, low), high)
+    return current
 
 
 class BadToken(Exception):
@@ -88,6 +99,7 @@ class Agent:
         self._outbox_ready = asyncio.Event()
         self._outbox_room = asyncio.Event()
         self._outbox_room.set()
+        backend.execution.room = self._outbox_room.wait  # streamed runs pace on the outbox
         self._tasks: set[asyncio.Task[Any]] = set()
         self._follows: dict[str, asyncio.Task[Any]] = {}
         self._stop = asyncio.Event()
@@ -267,11 +279,19 @@ class Agent:
     def _apply_registered(self, msg: dict[str, Any]) -> None:
         """The manager's settings for this agent, within the protocol's bounds."""
         self.heartbeat_interval = float(msg.get("heartbeat_interval") or DEFAULT_HEARTBEAT)
-        tail = msg.get("log_tail_bytes")
-        if isinstance(tail, int) and not isinstance(tail, bool):
-            self.config.log_tail_bytes = min(
-                max(tail, protocol.LOG_TAIL_BYTES_MIN), protocol.LOG_TAIL_BYTES_MAX
-            )
+        config = self.config
+        config.log_tail_bytes = _bounded_setting(
+            msg.get("log_tail_bytes"),
+            config.log_tail_bytes,
+            protocol.LOG_TAIL_BYTES_MIN,
+            protocol.LOG_TAIL_BYTES_MAX,
+        )
+        config.exec_output_limit = _bounded_setting(
+            msg.get("exec_output_limit"),
+            config.exec_output_limit,
+            protocol.EXEC_OUTPUT_LIMIT_MIN,
+            protocol.EXEC_OUTPUT_LIMIT_MAX,
+        )
 
     async def _serve(self, ws: ClientConnection) -> None:
         self._ws = ws
@@ -361,6 +381,8 @@ class Agent:
                 task.cancel()
         elif kind == protocol.TUNNEL_OPEN:
             self._spawn(run_tunnel(backend, msg))
+        elif kind == protocol.EXEC:
+            backend.execution.handle(msg)
         elif kind == protocol.REGISTERED:
             self._apply_registered(msg)
         elif kind == protocol.ERROR:

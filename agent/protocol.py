@@ -62,6 +62,29 @@ LOG_TAIL = "log_tail"
 TERM_OUTPUT = "term_output"
 # {"type": "term_closed", "term_id": str, "reason": str}
 TERM_CLOSED = "term_closed"
+# {"type": "exec_records", "req_id": str, "run_id": str, "records": [Record, ...]}
+#   more output of a run, sent as it comes to an exec with "stream": true.
+EXEC_RECORDS = "exec_records"
+# {"type": "exec_result", "req_id": str, "run_id": str, "status": one of EXEC_STATUSES,
+#  "exit_code": int|None, "records": [Record, ...], "completions": [str, ...]|None,
+#  "reason": str|None}
+#   the one answer that ends an exec's req_id (the gateway forgets the req_id then).
+#   A refusal (another run still going, no such run, a bad request) carries "reason"
+#   in users' words, status "finished", exit_code None and no records; a run's own
+#   answer has reason None. run_id is "" when there is no run (complete, and a
+#   refusal that names none).
+EXEC_RESULT = "exec_result"
+# Record: {"kind": one of EXEC_RECORD_KINDS, "data": str, "mime": str|None}
+#   stdout/stderr: text. result/display: "mime" is the chosen type of the bundle
+#   (image/png with base64 data, image/svg+xml, text/html, text/plain, in that order
+#   of preference). error: the traceback as text (ANSI escapes kept). notice: the
+#   agent's or runner's word, e.g. the output limit's cut marker.
+EXEC_RECORD_KINDS = ("stdout", "stderr", "result", "display", "error", "notice")
+EXEC_FINISHED = "finished"
+EXEC_CONTINUED = "continued"  # the run goes on: ask again with mode "continue"
+EXEC_WAITING_INPUT = "waiting-input"  # the run waits for a line: mode "input"
+EXEC_TIMEOUT = "exec-timeout"  # the run outlived options.timeout and was interrupted
+EXEC_STATUSES = (EXEC_FINISHED, EXEC_CONTINUED, EXEC_WAITING_INPUT, EXEC_TIMEOUT)
 
 # KernelReport: {"kernel_id": str, "session_id": str,
 #   "status": one of KERNEL_REPORT_STATUSES, "exit_code": int|None,
@@ -84,13 +107,18 @@ KERNEL_REPORT_STATUSES = (KR_PREPARING, KR_PULLING, KR_RUNNING, KR_EXITED, KR_ER
 
 # --- manager -> agent -------------------------------------------------------
 # {"type": "registered", "agent_id": str, "heartbeat_interval": float,
-#  "log_tail_bytes": int}
+#  "log_tail_bytes": int, "exec_output_limit": int}
 #   log_tail_bytes: how much of each kernel's log the agent keeps and sends as
 #   its log_tail (the manager's one setting, BAI_LOG_TAIL_BYTES), within the bounds below.
+#   exec_output_limit: the most record data one code run may produce
+#   (BAI_EXEC_OUTPUT_LIMIT); past it the runner drops output and says so once.
 REGISTERED = "registered"
 LOG_TAIL_BYTES_DEFAULT = 64 * 1024
 LOG_TAIL_BYTES_MIN = 1024
 LOG_TAIL_BYTES_MAX = 16 * 1024 * 1024
+EXEC_OUTPUT_LIMIT_DEFAULT = 8 * 1024 * 1024
+EXEC_OUTPUT_LIMIT_MIN = 64 * 1024
+EXEC_OUTPUT_LIMIT_MAX = 256 * 1024 * 1024
 # {"type": "create_kernels", "session_id": str, "network": str,
 #  "cluster_mode": "single-node"|"multi-node", "session_type": str,
 #  "ssh": {"private_key": str, "public_key": str}|None,
@@ -138,6 +166,22 @@ TERM_CLOSE = "term_close"
 #   the reason, so the proxy answers at once. Bounds: TUNNEL_OPEN_FIELDS below.
 TUNNEL_OPEN = "tunnel_open"
 TUNNEL_FAILED = 4502  # close code of a tunnel whose port could not be reached
+# {"type": "exec", "req_id": str(32 hex), "kernel_id": str, "mode": one of EXEC_MODES,
+#  "run_id": str|None, "code": str, "options": {...}, "stream": bool, "flush": float}
+#   run code in the kernel's code runner (one ipykernel per kernel, started on first
+#   use, so state persists between runs), at most one run per kernel at a time.
+#   query/batch start a run (run_id, or a new one of 16 hex when None); continue asks
+#   for more of run_id; input gives a waiting run its line (in "code"); interrupt
+#   interrupts run_id (or the current run); complete lists completions of "code" at
+#   options.cursor_pos. options: build, exec (batch shell commands), timeout (seconds,
+#   0 = none), cursor_pos. The agent answers within `flush` seconds with one
+#   exec_result (sooner when the run finishes or waits for input); with "stream" it
+#   sends exec_records as records come, then one exec_result when the run finishes or
+#   waits. Absent fields mean: code "", options {}, stream false, flush 1.5.
+#   Bounds: MANAGER_MESSAGES[EXEC] below.
+EXEC = "exec"
+EXEC_MODES = ("query", "batch", "continue", "input", "interrupt", "complete")
+EXEC_FLUSH_DEFAULT = 1.5
 # {"type": "error", "message": str, "stream_id"?: str}
 #   either direction. Added for the agent: a failed logs_follow (e.g. unknown kernel)
 #   answers with an error carrying that request's "stream_id", so the gateway can tell
@@ -181,9 +225,20 @@ SLOT_PLACES_DEFAULT = 3
 LOG_CHUNK_DATA_MAX = 256 * 1024 + 16
 TERM_DATA_MAX = 1024 * 1024
 LOG_TAIL_DATA_MAX = LOG_TAIL_BYTES_MAX
-# A whole frame: at least FRAME_CHARS_MIN characters, and room for the configured
-# log tail with every byte escaped (JSON escapes one byte as at most 6 characters).
-FRAME_CHARS_MIN = 4 * 1024 * 1024
+# Exec frames: at most EXEC_RECORDS_MAX records whose data is at most EXEC_FRAME_DATA
+# bytes of utf-8 (the agent cuts there; the check counts characters, plus room for
+# the agent's own notices); a frame fits EXEC_FRAME_CHARS with every byte escaped.
+EXEC_FRAME_DATA = 1024 * 1024
+EXEC_DATA_MAX = EXEC_FRAME_DATA + 4 * 1024
+EXEC_RECORDS_MAX = 4096
+EXEC_MIME_MAX = 100
+EXEC_COMPLETIONS_MAX = 1000
+EXEC_COMPLETION_MAX = 1000
+EXEC_FRAME_CHARS = 6 * EXEC_DATA_MAX + 64 * EXEC_RECORDS_MAX + 64 * 1024
+# A whole frame: at least FRAME_CHARS_MIN characters (room for an exec frame), and
+# room for the configured log tail with every byte escaped (JSON escapes one byte as
+# at most 6 characters).
+FRAME_CHARS_MIN = max(4 * 1024 * 1024, EXEC_FRAME_CHARS)
 JSON_INT_DIGITS = 20  # longer integer literals are refused before they are converted
 JSON_FLOAT_CHARS = 40
 
@@ -402,8 +457,83 @@ def list_of(fields: Mapping[str, Field], max_items: int) -> Rule:
     return check
 
 
+def number(low: float, high: float) -> Rule:
+    """An integer or a finite float within low..high."""
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, not {_shown(value)}"
+        if not low <= value <= high:  # NaN fails this too
+            return f"{_shown(value)} is outside {low:g}..{high:g}"
+        return None
+
+    return check
+
+
+def boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, not {_shown(value)}"
+
+
+def utf8_text(max_bytes: int) -> Rule:
+    """A string of at most ``max_bytes`` once utf-8 encoded (NUL allowed: never stored)."""
+    within_chars = text(max_bytes, nul=True)
+
+    def check(value: Any) -> str | None:
+        refusal = within_chars(value)
+        if refusal:
+            return refusal
+        size = len(value.encode())
+        return f"{size} bytes of utf-8 (at most {max_bytes})" if size > max_bytes else None
+
+    return check
+
+
+def _list_of_text(max_items: int, max_chars: int) -> Rule:
+    item = text(max_chars)
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, list):
+            return f"must be a list, not {_shown(value)}"
+        if len(value) > max_items:
+            return f"{len(value)} items (at most {max_items})"
+        for index, entry in enumerate(value):
+            refusal = item(entry)
+            if refusal:
+                return f"[{index}]: {refusal}"
+        return None
+
+    return check
+
+
 _KERNEL_ID = Field(text(ID_MAX, pattern=_ID, empty=False), required=True)
 _TERM_ID = Field(text(ID_MAX, pattern=_ID, empty=False), required=True)
+_REQ_ID = re.compile(r"[0-9a-fA-F]{32}", re.ASCII)
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+RUN_ID_MAX = 64
+EXEC_RECORD: dict[str, Field] = {
+    "kind": Field(text(16, choices=EXEC_RECORD_KINDS), required=True),
+    "data": Field(text(EXEC_DATA_MAX, nul=True), required=True),
+    "mime": Field(text(EXEC_MIME_MAX), nullable=True),
+}
+_EACH_RECORD = list_of(EXEC_RECORD, EXEC_RECORDS_MAX)
+
+
+def exec_records(value: Any) -> str | None:
+    """A list of records whose data is EXEC_DATA_MAX characters at most in all."""
+    refusal = _EACH_RECORD(value)
+    if refusal:
+        return refusal
+    total = sum(len(record["data"]) for record in value)
+    if total > EXEC_DATA_MAX:
+        return f"{total} characters of data in all (at most {EXEC_DATA_MAX})"
+    return None
+
+
+_EXEC_ANSWER: dict[str, Field] = {
+    "req_id": Field(text(32, pattern=_REQ_ID, empty=False), required=True),
+    "run_id": Field(text(RUN_ID_MAX, pattern=_RUN_ID), required=True),
+    "records": Field(exec_records, required=True),
+}
 KERNEL_REPORT: dict[str, Field] = {
     "kernel_id": _KERNEL_ID,
     # "" when the agent cannot know it (a "gone" for a kernel it never had).
@@ -443,6 +573,16 @@ AGENT_MESSAGES: dict[str, dict[str, Field]] = {
         "data": Field(text(TERM_DATA_MAX, nul=True), required=True),
     },
     TERM_CLOSED: {"term_id": _TERM_ID, "reason": Field(text(REASON_MAX), nullable=True)},
+    EXEC_RECORDS: _EXEC_ANSWER,
+    EXEC_RESULT: {
+        **_EXEC_ANSWER,
+        "status": Field(text(16, choices=EXEC_STATUSES), required=True),
+        "exit_code": Field(integer(EXIT_CODE_MIN, EXIT_CODE_MAX), nullable=True),
+        "completions": Field(
+            _list_of_text(EXEC_COMPLETIONS_MAX, EXEC_COMPLETION_MAX), nullable=True
+        ),
+        "reason": Field(text(REASON_MAX), nullable=True),
+    },
     ERROR: {
         "message": Field(text(MESSAGE_MAX), nullable=True),
         "stream_id": Field(text(ID_MAX, pattern=_ID)),
@@ -456,6 +596,23 @@ TOKEN_MAX = 512
 START_COMMAND_MAX = 2048
 _URL = re.compile(r"wss?://[A-Za-z0-9._:\[\]-]+(?:/[A-Za-z0-9._~/%-]*)?", re.ASCII)
 _TOKEN = re.compile(r"[A-Za-z0-9._:~-]+", re.ASCII)
+EXEC_CODE_MAX = 1024 * 1024  # utf-8 bytes of code (or of the line typed)
+EXEC_COMMAND_MAX = 64 * 1024  # utf-8 bytes of a batch's build or exec command
+EXEC_TIMEOUT_MAX = 86400.0
+EXEC_FLUSH_MIN = 0.05
+EXEC_FLUSH_MAX = 5.0
+EXEC_OPTIONS: dict[str, Field] = {
+    "build": Field(utf8_text(EXEC_COMMAND_MAX)),
+    "exec": Field(utf8_text(EXEC_COMMAND_MAX)),
+    "timeout": Field(number(0, EXEC_TIMEOUT_MAX)),
+    "cursor_pos": Field(integer(0, EXEC_CODE_MAX)),  # the agent clamps it to len(code)
+}
+
+
+def exec_options(value: Any) -> str | None:
+    return record_refusal(EXEC_OPTIONS, value)
+
+
 MANAGER_MESSAGES: dict[str, dict[str, Field]] = {
     TUNNEL_OPEN: {
         "tunnel_id": Field(text(ID_MAX, pattern=_ID, empty=False), required=True),
@@ -465,6 +622,16 @@ MANAGER_MESSAGES: dict[str, dict[str, Field]] = {
         "token": Field(text(TOKEN_MAX, pattern=_TOKEN, empty=False), required=True),
         "start_command": Field(text(START_COMMAND_MAX)),
         "app_token": Field(text(TOKEN_MAX, pattern=_TOKEN)),
+    },
+    EXEC: {
+        "req_id": Field(text(32, pattern=_REQ_ID, empty=False), required=True),
+        "kernel_id": _KERNEL_ID,
+        "mode": Field(text(16, choices=EXEC_MODES), required=True),
+        "run_id": Field(text(RUN_ID_MAX, pattern=_RUN_ID, empty=False), nullable=True),
+        "code": Field(utf8_text(EXEC_CODE_MAX)),
+        "options": Field(exec_options),
+        "stream": Field(boolean),
+        "flush": Field(number(EXEC_FLUSH_MIN, EXEC_FLUSH_MAX)),
     },
 }
 
@@ -550,6 +717,12 @@ GW_TERM_ROUTE = "term.route"
 GW_LOGS_CHUNK = "logs.chunk"
 GW_TERM_OUTPUT = "term.output"
 GW_TERM_CLOSED = "term.closed"
+# Code runs: an exec's answers go to the channel that sent it (its "reply") as
+# {"type": "exec.records"|"exec.result", <the agent frame's fields>}; when the
+# agent's connection ends first, {"type": "exec.lost", "req_id", "reason"}.
+GW_EXEC_RECORDS = "exec.records"
+GW_EXEC_RESULT = "exec.result"
+GW_EXEC_LOST = "exec.lost"
 
 
 def gw_agent_command(

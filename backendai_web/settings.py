@@ -16,6 +16,8 @@ import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
+from agent import protocol
+
 from .env import env_bool, env_float, env_int, env_list, env_str, persistent_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -277,6 +279,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # JSON Schema 2020-12, as the launch spec is written (propertyNames, type lists).
     "OAS_VERSION": "3.1.0",
+    # Three lists of statuses: a session's, a code run's answer and a recorded run's.
+    "ENUM_NAME_OVERRIDES": {
+        "StatusEnum": "sessions_app.models.Status",
+        "ExecStatusEnum": "agent.protocol.EXEC_STATUSES",
+        "RunStatusEnum": "sessions_app.models.RunStatus",
+    },
 }
 
 # --- domain settings -------------------------------------------------------
@@ -309,6 +317,25 @@ BAI_APPS_TUNNEL_URL = env_str("BAI_APPS_TUNNEL_URL", f"ws://127.0.0.1:{BAI_APPS_
 BAI_APP_LINK_TTL = env_int("BAI_APP_LINK_TTL", 60, minimum=5)
 BAI_APP_COOKIE_TTL = env_int("BAI_APP_COOKIE_TTL", 12 * 3600, minimum=60)
 BAI_PASS_QUEUED_TTL = env_int("BAI_PASS_QUEUED_TTL", 3, minimum=1)
+# Code execution (sessions_app.execution): seconds an agent gathers a run's output
+# before it answers (a request waits for its answer that long plus 10 s), the
+# output one run may produce (sent to agents at registration), the code one
+# request may carry; each within what the protocol carries.
+BAI_EXEC_FLUSH = env_float(
+    "BAI_EXEC_FLUSH",
+    protocol.EXEC_FLUSH_DEFAULT,
+    minimum=protocol.EXEC_FLUSH_MIN,
+    maximum=protocol.EXEC_FLUSH_MAX,
+)
+BAI_EXEC_OUTPUT_LIMIT = env_int(
+    "BAI_EXEC_OUTPUT_LIMIT",
+    protocol.EXEC_OUTPUT_LIMIT_DEFAULT,
+    minimum=protocol.EXEC_OUTPUT_LIMIT_MIN,
+    maximum=protocol.EXEC_OUTPUT_LIMIT_MAX,
+)
+BAI_EXEC_MAX_CODE = env_int(
+    "BAI_EXEC_MAX_CODE", protocol.EXEC_CODE_MAX, minimum=1, maximum=protocol.EXEC_CODE_MAX
+)
 
 if PRODUCTION:
     SESSION_COOKIE_SECURE = True

@@ -4,14 +4,41 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from typing import Any
+
+# A session in one of these will never run again.
+ENDED = frozenset({"TERMINATED", "ERROR", "CANCELLED"})
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """The manager's refusal, in its words: ``message`` and, for bad input,
+    every field's messages (``{"fields": {name: [message, ...]}}`` in ``extra``)."""
+
+    def __init__(self, status: int, message: str, fields: dict[str, list[str]] | None = None):
         super().__init__(message)
         self.status = status
+        self.fields = fields or {}
+
+    def __str__(self) -> str:
+        lines = [self.args[0]]
+        for name, messages in self.fields.items():
+            lines += [f"  {name}: {m}" for m in messages if f"{name}: {m}" != self.args[0]]
+        return "\n".join(lines)
+
+
+def _error(status: int, raw: bytes) -> ApiError:
+    try:
+        body = json.loads(raw)
+        message = body.get("message") or f"HTTP {status}"
+        fields = (body.get("extra") or {}).get("fields") or {}
+    except (ValueError, AttributeError):
+        message, fields = f"HTTP {status}", {}
+    if not isinstance(fields, dict):
+        fields = {}
+    return ApiError(status, message, fields)
 
 
 class Client:
@@ -20,7 +47,7 @@ class Client:
         self.token = token
         self.timeout = timeout
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, **query: str) -> Any:
         headers = {"Accept": "application/json"}
         data = None
         if body is not None:
@@ -28,19 +55,52 @@ class Client:
             data = json.dumps(body).encode()
         if self.token:
             headers["Authorization"] = f"Token {self.token}"
-        request = urllib.request.Request(
-            f"{self.manager}/api/v1/{path.lstrip('/')}", data=data, headers=headers, method=method
-        )
+        url = f"{self.manager}/api/v1/{path.lstrip('/')}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
                 raw = response.read()
         except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                message = json.loads(raw).get("message") or f"HTTP {exc.code}"
-            except (ValueError, AttributeError):
-                message = f"HTTP {exc.code}"
-            raise ApiError(exc.code, message) from None
+            raise _error(exc.code, exc.read()) from None
         except urllib.error.URLError as exc:
             raise ApiError(0, f"cannot reach {self.manager}: {exc.reason}") from None
         return json.loads(raw) if raw else None
+
+    def websocket_url(self, path: str) -> str:
+        """``ws(s)://<manager>/ws/<path>``: the manager's websockets live beside its API."""
+        scheme, rest = self.manager.split("://", 1)
+        return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/ws/{path.lstrip('/')}"
+
+    def sessions(self, **query: str) -> list[dict[str, Any]]:
+        data = self.call("GET", "sessions/", **query)
+        return data["results"] if isinstance(data, dict) else data
+
+    def session_id(self, ref: str) -> str:
+        """The id of the session ``ref`` names: an id, or the name of one of your
+        sessions (the active one of that name, else the newest that ended)."""
+        if _is_uuid(ref):
+            return ref
+        named = [s for s in self.sessions() if s["name"] == ref]
+        active = [s for s in named if s["status"] not in ENDED]
+        if not named:
+            raise ApiError(404, f"You have no session named {ref!r}.")
+        return (active or named)[0]["id"]
+
+    def template_id(self, ref: str) -> int:
+        """The id of the template ``ref`` names: an id, or the name of one you may use."""
+        if ref.isdigit():
+            return int(ref)
+        named = [t for t in self.call("GET", "templates/") if t["name"] == ref]
+        if not named:
+            raise ApiError(404, f"There is no template named {ref!r} that you may use.")
+        return named[0]["id"]
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True

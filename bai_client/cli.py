@@ -1,14 +1,25 @@
-"""The ``bai`` command: ``bai login``, ``bai sessions``, ``bai app``."""
+"""The ``bai`` command: ``login``, ``sessions list|show|create|terminate``,
+``logs``, ``exec``, ``run``, ``app``.
+
+Sessions are named by id or by name. Errors are the manager's words, exit
+status 1; usage errors exit 2. ``exec`` and ``run`` exit with the run's status.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import click
 
-from . import config
+from . import config, output
 from .api import ApiError, Client
+from .launch import failure, launch_options, launch_spec, wait_until_running, with_options
+from .streams import STREAM_FAILURES, Outcome, execute, read_log, stream_error
+
+INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
 
 
 def _client() -> Client:
@@ -18,11 +29,26 @@ def _client() -> Client:
     return Client(data["manager"], data["token"])
 
 
-def _call(client: Client, method: str, path: str, body: object = None) -> object:
+def _api(action: Callable[[], Any]) -> Any:
+    """``action()``, with the manager's refusal as the command's error."""
     try:
-        return client.call(method, path, body)
+        return action()
     except ApiError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _stream(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return asyncio.run(coroutine)
+    except STREAM_FAILURES as exc:
+        raise click.ClickException(str(stream_error(exc))) from None
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 
 
 @click.group()
@@ -40,22 +66,209 @@ def login(manager: str, username: str, password_stdin: bool) -> None:
         password = sys.stdin.readline().rstrip("\n")
     else:
         password = click.prompt("Password", hide_input=True)
-    answer = _call(
-        Client(manager), "POST", "auth/token/", {"username": username, "password": password}
-    )
+    credentials = {"username": username, "password": password}
+    answer = _api(lambda: Client(manager).call("POST", "auth/token/", credentials))
     path = config.save({"manager": manager.rstrip("/"), "token": answer["token"]})
     click.echo(f"Logged in as {username}; token kept in {path} (expires {answer['expires_at']}).")
 
 
+# --- sessions ------------------------------------------------------------------------------
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def sessions(ctx: click.Context) -> None:
+    """Your sessions (with no command: list them)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(sessions_list)
+
+
+@sessions.command("list")
+@click.option("--status", help="Only sessions in this status, e.g. RUNNING.")
+@click.option("--all", "everyone", is_flag=True, help="Admins: every user's sessions.")
+@json_option
+def sessions_list(status: str | None, everyone: bool, as_json: bool) -> None:
+    """List your sessions, newest first."""
+    query = {"status": status} if status else {}
+    if everyone:
+        query["all"] = "true"
+    rows = _api(lambda: _client().sessions(**query))
+    output.echo_json(rows) if as_json else output.sessions_table(rows)
+
+
+@sessions.command("show")
+@click.argument("session")
+@json_option
+def sessions_show(session: str, as_json: bool) -> None:
+    """Show SESSION (an id or a name): its status and why, and its kernels."""
+    client = _client()
+    detail = _api(lambda: client.call("GET", f"sessions/{client.session_id(session)}/"))
+    output.echo_json(detail) if as_json else output.session_details(detail)
+
+
+def _create(client: Client, image: str | None, options: dict[str, Any], wait: bool) -> Any:
+    spec = _api(lambda: launch_spec(client, image, **options))
+    created = _api(lambda: client.call("POST", "sessions/", spec))
+    reason = f" ({created['status_reason']})" if created["status_reason"] else ""
+    _say(f"Session {created['name']} ({created['id']}) created: {created['status']}{reason}")
+    if not wait:
+        return created
+    session = _api(lambda: wait_until_running(client, created, _say))
+    if (why := failure(session)) is not None:
+        raise click.ClickException(why)
+    return session
+
+
+@sessions.command("create")
+@click.argument("image", required=False)
+@click.option(
+    "-t",
+    "--type",
+    type=click.Choice(["interactive", "batch", "inference", "system"]),
+    help="The session type (default: interactive).",
+)
+@launch_options
+@click.option("--wait", is_flag=True, help="Wait until it runs, showing each change of status.")
+@json_option
+def sessions_create(image: str | None, wait: bool, as_json: bool, **options: Any) -> None:
+    """Start a session from IMAGE (or from --template)."""
+    if image is None and options["template"] is None:
+        raise click.UsageError("give an IMAGE, or a --template that names one")
+    session = _create(_client(), image, options, wait)
+    output.echo_json(session) if as_json else output.session_details(session)
+
+
+@sessions.command("terminate")
+@click.argument("session", nargs=-1, required=True)
+@click.option("--reason", help="Why (kept in the session's history).")
+@json_option
+def sessions_terminate(session: tuple[str, ...], reason: str | None, as_json: bool) -> None:
+    """End SESSION (ids or names; several at once)."""
+    client = _client()
+    body = {"reason": reason} if reason else {}
+    ended = []
+    for ref in session:
+        path = f"sessions/{_api(lambda ref=ref: client.session_id(ref))}/terminate/"
+        ended.append(_api(lambda path=path: client.call("POST", path, body)))
+        if not as_json:
+            click.echo(f"{ended[-1]['name']} ({ended[-1]['id']}): {ended[-1]['status']}")
+    if as_json:
+        output.echo_json(ended)
+
+
+# --- logs and code -------------------------------------------------------------------------
+
+
 @main.command()
-def sessions() -> None:
-    """List your sessions."""
-    data = _call(_client(), "GET", "sessions/")
-    rows = data["results"] if isinstance(data, dict) else data
-    click.echo(f"{'ID':36}  {'NAME':20}  {'STATUS':12}  APPS")
-    for s in rows:
-        apps = ",".join(a["name"] for a in s.get("apps", []))
-        click.echo(f"{s['id']:36}  {s['name'][:20]:20}  {s['status']:12}  {apps}")
+@click.argument("session")
+@click.option("-k", "--kernel", default="main1", show_default=True, help="main1, sub1, …")
+@click.option("-f", "--follow", is_flag=True, help="Keep writing what the kernel writes.")
+def logs(session: str, kernel: str, follow: bool) -> None:
+    """Write a kernel's log: live, or the kept tail once it ended."""
+    client = _client()
+    session_id = _api(lambda: client.session_id(session))
+    url = client.websocket_url(f"sessions/{session_id}/kernels/{kernel}/logs/")
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        _stream(read_log(url, client.token, follow=follow, write=write, say=_say))
+    except KeyboardInterrupt:
+        _say("Stopped.")
+
+
+def _code(code: str | None, file: Any) -> str:
+    if (code is None) == (file is None):
+        raise click.UsageError("give the CODE to run, or --file with it (one of the two)")
+    return code if code is not None else file.read()
+
+
+def _run_code(client: Client, session_id: str, code: str, timeout: float | None) -> int:
+    """Run ``code`` in the session, show its output as it comes; its exit status."""
+    url = client.websocket_url(f"sessions/{session_id}/execute/")
+    options = {"timeout": timeout} if timeout is not None else {}
+    try:
+        outcome: Outcome = _stream(execute(url, client.token, code=code, options=options, say=_say))
+    except asyncio.CancelledError:
+        _say("Stopped waiting for the run.")
+        return INTERRUPTED
+    if outcome.status == "exec-timeout":
+        _say(f"The run went past its time limit ({timeout} s) and was interrupted.")
+    return outcome.exit_status
+
+
+code_options = with_options(
+    [
+        click.argument("code", required=False),
+        click.option("--file", type=click.File(encoding="utf-8"), help="Run this file's code."),
+        click.option(
+            "--timeout", type=click.FloatRange(0, 86400), help="Seconds the run may take."
+        ),
+    ]
+)
+
+
+@main.command("exec")
+@click.argument("session")
+@code_options
+@click.pass_context
+def exec_(
+    ctx: click.Context, session: str, code: str | None, file: Any, timeout: float | None
+) -> None:
+    """Run Python CODE (or --file) in SESSION's main1; exit with its status.
+
+    Output streams as it comes; input() reads from your terminal; Ctrl-C
+    interrupts the code."""
+    source = _code(code, file)
+    client = _client()
+    session_id = _api(lambda: client.session_id(session))
+    ctx.exit(_run_code(client, session_id, source, timeout))
+
+
+@main.command()
+@click.argument("image")
+@code_options
+@launch_options
+@click.pass_context
+def run(
+    ctx: click.Context,
+    image: str,
+    code: str | None,
+    file: Any,
+    timeout: float | None,
+    **options: Any,
+) -> None:
+    """Start an interactive session of IMAGE, run CODE (or --file) in it, end it.
+
+    Exits with the run's status. The session ends in every case: when the
+    code finishes, fails, or you press Ctrl-C."""
+    source = _code(code, file)
+    client = _client()
+    session = _create(client, image, {**options, "type": "interactive"}, wait=False)
+    status = INTERRUPTED
+    try:
+        running = _api(lambda: wait_until_running(client, session, _say))
+        if (why := failure(running)) is not None:
+            raise click.ClickException(why)
+        status = _run_code(client, session["id"], source, timeout)
+    except KeyboardInterrupt:
+        _say("Stopped.")
+    finally:
+        _end(client, session)
+    ctx.exit(status)
+
+
+def _end(client: Client, session: dict[str, Any]) -> None:
+    try:
+        client.call("POST", f"sessions/{session['id']}/terminate/", {})
+        _say(f"Session {session['name']} terminated.")
+    except ApiError as exc:
+        _say(f"Could not terminate session {session['name']} ({session['id']}): {exc}")
+
+
+# --- apps ----------------------------------------------------------------------------------
 
 
 @main.command()
@@ -67,7 +280,7 @@ def sessions() -> None:
 def app(session: str, app: str, bind: str) -> None:
     """Forward a local TCP port to APP (a service port) of SESSION's main kernel."""
     client = _client()
-    detail = _call(client, "GET", f"sessions/{session}/")
+    detail = _api(lambda: client.call("GET", f"sessions/{client.session_id(session)}/"))
     found = next((a for a in detail.get("apps", []) if a["name"] == app), None)
     if found is None:
         names = ", ".join(a["name"] for a in detail.get("apps", [])) or "none"

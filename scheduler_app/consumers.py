@@ -15,7 +15,8 @@ Agents are untrusted peers:
 - an agent speaks only about its own kernels: reports and log tails are applied
   only to kernels placed on it, log chunks only to streams this gateway asked it to
   follow (of that kernel), terminal output only to terminals it was asked to open
-  or was sent input for; anything else is refused;
+  or was sent input for, code-run answers only to the requests sent to it (each
+  to the channel that sent it); anything else is refused;
 - the resource group is the admin's to set (``reconcile.agent_register``).
 
 Liveness never queues behind work: a heartbeat's time is recorded the moment it is
@@ -50,7 +51,8 @@ logger = logging.getLogger(__name__)
 # (the next heartbeat carries the kernel's state again) and a reconcile dropped.
 BACKLOG_ITEMS = 2048
 BACKLOG_CHARS = 64 * 1024 * 1024  # of log tails
-# Log streams and terminals remembered per connection (the oldest are forgotten).
+# Log streams, terminals and code-run requests remembered per connection (the
+# oldest are forgotten).
 KNOWN_STREAMS = 4096
 # Refusals logged per connection and minute; the rest are counted.
 REFUSALS_LOGGED = 20
@@ -160,10 +162,12 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         self.agent_id = agent.pk
         self.max_frame = protocol.max_frame_chars(settings.BAI_LOG_TAIL_BYTES)
         self.term_routes: dict[str, set[str]] = {}
-        # What this agent was asked for: log streams (stream id -> kernel id) and
-        # terminals; and those just ended, whose late frames are dropped quietly.
+        # What this agent was asked for: log streams (stream id -> kernel id),
+        # terminals and code runs (request id -> the channel waiting for its
+        # answers); and those just ended, whose late frames are dropped quietly.
         self.streams = _Recent(KNOWN_STREAMS)
         self.terms = _Recent(KNOWN_STREAMS)
+        self.execs = _Recent(KNOWN_STREAMS)
         self.ended = _Recent(KNOWN_STREAMS)
         self.backlog: collections.deque[_Work] = collections.deque()
         self.backlog_chars = 0
@@ -187,6 +191,16 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
                 channel, protocol.gw_term_route(None, sender=self.channel_name)
             )
         routes.clear()
+        # Whoever waits for a code run's answer hears now that none will come.
+        for req_id, reply in getattr(self, "execs", {}).items():
+            await self.channel_layer.send(
+                reply,
+                {
+                    "type": protocol.GW_EXEC_LOST,
+                    "req_id": req_id,
+                    "reason": "the session's agent disconnected before it answered",
+                },
+            )
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and self.group:
@@ -283,6 +297,7 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
                 "agent_id": agent.pk,
                 "heartbeat_interval": settings.BAI_AGENT_HEARTBEAT_INTERVAL,
                 "log_tail_bytes": settings.BAI_LOG_TAIL_BYTES,
+                "exec_output_limit": settings.BAI_EXEC_OUTPUT_LIMIT,
             }
         )
         self._want_reconcile(msg["kernels"])
@@ -341,11 +356,39 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         self.ended.remember(term_id)
 
     async def _own_terminal(self, term_id: str) -> bool:
-        if term_id in self.terms:
+        return await self._asked_here(
+            self.terms, term_id, "terminal frame", f"terminal {term_id} is not open on this agent"
+        )
+
+    async def _asked_here(self, asked: _Recent, key: str, kind: str, refusal: str) -> bool:
+        """Whether ``key`` is something this agent was asked for; a frame about
+        anything else is refused, except a late one of something just ended."""
+        if key in asked:
             return True
-        if term_id not in self.ended:  # else: a late frame of a closed terminal
-            await self._refuse("terminal frame", f"terminal {term_id} is not open on this agent")
+        if key not in self.ended:
+            await self._refuse(kind, refusal)
         return False
+
+    async def _on_exec_records(self, msg: dict[str, Any]) -> None:
+        reply = await self._exec_reply(msg["req_id"])
+        if reply is not None:
+            await self.channel_layer.send(reply, {**msg, "type": protocol.GW_EXEC_RECORDS})
+
+    async def _on_exec_result(self, msg: dict[str, Any]) -> None:
+        req_id = msg["req_id"]
+        reply = await self._exec_reply(req_id)
+        if reply is not None:
+            # The one answer that ends the request: anything later is dropped.
+            del self.execs[req_id]
+            self.ended.remember(req_id)
+            await self.channel_layer.send(reply, {**msg, "type": protocol.GW_EXEC_RESULT})
+
+    async def _exec_reply(self, req_id: str) -> str | None:
+        """The channel waiting for request ``req_id``, if it was sent to this agent."""
+        refusal = f"request {req_id} was not sent to this agent"
+        if await self._asked_here(self.execs, req_id, "exec frame", refusal):
+            return self.execs[req_id]
+        return None
 
     async def _to_terminal(self, term_id: str, event: dict[str, Any]) -> None:
         channels = self.term_routes.get(term_id)
@@ -369,6 +412,8 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
         protocol.LOG_TAIL: _on_log_tail,
         protocol.TERM_OUTPUT: _on_term_output,
         protocol.TERM_CLOSED: _on_term_closed,
+        protocol.EXEC_RECORDS: _on_exec_records,
+        protocol.EXEC_RESULT: _on_exec_result,
         protocol.ERROR: _on_error,
     }
 
@@ -453,14 +498,17 @@ class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
             if refusal:
                 logger.warning("agent %s: not sending %s", self.agent_id, refusal)
                 return
-        # Bind what the agent is asked for to this agent: only these streams and
-        # terminals may carry its output.
+        # Bind what the agent is asked for to this agent: only these streams,
+        # terminals and code runs may carry its output.
         if kind == protocol.LOGS_FOLLOW:
             self.streams.remember(command["stream_id"], command["kernel_id"])
             self.ended.pop(command["stream_id"], None)
         elif kind == protocol.LOGS_STOP:
             if self.streams.pop(command["stream_id"], None) is not None:
                 self.ended.remember(command["stream_id"])
+        elif kind == protocol.EXEC and event.get("reply"):
+            self.execs.remember(command["req_id"], event["reply"])
+            self.ended.pop(command["req_id"], None)
         term_id = command.get("term_id")
         if term_id is not None:
             self.terms.remember(term_id)

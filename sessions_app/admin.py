@@ -30,6 +30,7 @@ from .forms import ADMIN_CSS, DurationInput, SlotsField, slot_unit, slots_text
 from .models import (
     Agent,
     DataFolder,
+    ExecutionRun,
     Image,
     Kernel,
     ResourceGroup,
@@ -606,6 +607,22 @@ class SessionEventAdmin(AuditHistory, admin.ModelAdmin):
     list_filter = ["to_status"]
     search_fields = ["session__name", "reason"]
     list_select_related = ["session", "kernel"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ExecutionRun)
+class ExecutionRunAdmin(AuditHistory, admin.ModelAdmin):
+    """Who ran code where, when, and how it ended (never the code or its output)."""
+
+    list_display = ["run_id", "session", "user", "mode", "status", "exit_code", "started_at"]
+    list_filter = ["status", "mode"]
+    search_fields = ["run_id", "session__name", "user__username"]
+    list_select_related = ["session", "user"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -3,6 +3,7 @@ the selectors, call one service, serialise."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -27,7 +28,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import deadlines, selectors, services, tokens
+from agent import protocol
+
+from . import deadlines, execution, selectors, services, tokens
 from . import slots as slotlib
 from .auth import LoginFailureThrottle
 from .errors import (
@@ -39,10 +42,11 @@ from .errors import (
     field_error,
 )
 from .launch import FOLDER_NAME
-from .models import Kernel, ResourcePreset, Session, SessionTemplate, Status
+from .loop import db
+from .models import ExecutionRun, Kernel, ResourcePreset, Session, SessionTemplate, Status
 from .openapi import errors
 from .preview import VERDICTS, launch_preview
-from .specs import LAUNCH_SCHEMA, SPEC_SCHEMA, TEMPLATE_NAME, openapi_schema
+from .specs import EXECUTE_SCHEMA, LAUNCH_SCHEMA, SPEC_SCHEMA, TEMPLATE_NAME, openapi_schema
 from .templates import (
     DOCUMENT_SCHEMA,
     FORMATS,
@@ -133,6 +137,34 @@ def _refuse_loose_types(serializer: serializers.Serializer, data: Mapping[str, A
                 wrong[name] = [message]
     if wrong:
         raise serializers.ValidationError(wrong)
+
+
+class AsyncApiView(APIView):
+    """An APIView whose handlers are coroutines, so that waiting (for an agent)
+    holds no thread and no database connection.
+
+    DRF's checks (authentication, permissions, throttles) may query the database:
+    they run in the shared thread pool, which gives the connection back after.
+    The rest (parsing the body, the handler, errors, rendering) runs on the event
+    loop, where the ORM is not used; handlers reach it through ``loop.db``.
+    """
+
+    async def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.args, self.kwargs = args, kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request = request
+        self.headers = self.default_response_headers
+        try:
+            await db(self.initial)(request, *args, **kwargs)
+            method = request.method.lower()
+            handler = getattr(self, method, None) if method in self.http_method_names else None
+            response = (handler or self.http_method_not_allowed)(request, *args, **kwargs)
+            if inspect.isawaitable(response):
+                response = await response
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        self.response = self.finalize_response(request, response, *args, **kwargs)
+        return self.response
 
 
 # --- auth -------------------------------------------------------------------
@@ -547,6 +579,68 @@ class SessionAppOpenApi(APIView):
         session = selectors.get_session_for_user(user=request.user, session_id=session_id)
         opened = services.app_open(user=request.user, session=session, name=app)
         return Response(self.OutputSerializer(opened).data)
+
+
+class ExecRecordSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=list(protocol.EXEC_RECORD_KINDS))
+    data = serializers.CharField(
+        help_text="stdout/stderr: text; result/display: the bundle in `mime` (image/png is "
+        "base64); error: the traceback (ANSI escapes kept); notice: e.g. the output cut marker."
+    )
+    mime = serializers.CharField(allow_null=True)
+
+
+class ExecOutputSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=list(protocol.EXEC_STATUSES),
+        help_text="finished; continued (more to come: ask again with mode continue); "
+        "waiting-input (send the line with mode input); exec-timeout (past options.timeout).",
+    )
+    run_id = serializers.CharField(help_text="The run's id (empty for complete).")
+    exit_code = serializers.IntegerField(
+        allow_null=True,
+        help_text="Once finished: 0, or 1 after an exception (batch: the command's).",
+    )
+    records = ExecRecordSerializer(many=True, help_text="What the run wrote since the last answer.")
+    completions = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="For mode complete."
+    )
+
+
+class SessionExecuteApi(AsyncApiView):
+    @extend_schema(
+        request={"application/json": openapi_schema(EXECUTE_SCHEMA)},
+        responses={200: ExecOutputSerializer, **errors(409, 504)},
+        description="Runs code in main1 (one run at a time per session; state persists between "
+        "runs). query and batch start a run and answer within BAI_EXEC_FLUSH seconds with what it "
+        "wrote so far; continue asks for more of run_id, input gives a run waiting for input its "
+        "line (in code), interrupt stops it, complete lists completions at options.cursor_pos. "
+        "409: a batch session, a session not running, or the agent's refusal (e.g. another run "
+        "is still going). 504: the agent did not answer in time.",
+    )
+    async def post(self, request: Request, session_id: str) -> Response:
+        answer = await execution.execute(
+            user=request.user, session_id=session_id, body=request.data
+        )
+        return Response(answer)
+
+
+class RunSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = ExecutionRun
+        fields = ["run_id", "mode", "user", "status", "exit_code", "started_at", "finished_at"]
+
+
+class SessionRunsApi(APIView):
+    @extend_schema(responses=RunSerializer(many=True))
+    def get(self, request: Request, session_id: str) -> Response:
+        """The session's code runs, newest first (the latest 500)."""
+        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        _touch(session, request)
+        runs = selectors.session_runs(session=session)[:MAX_LIST]
+        return Response(RunSerializer(runs, many=True).data)
 
 
 class SessionTerminateApi(APIView):

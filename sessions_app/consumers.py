@@ -33,7 +33,6 @@ import time
 import uuid
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -41,9 +40,10 @@ from agent import protocol
 from backendai_web.websockets import LoopDispatch
 from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
-from . import selectors, services, terminals
-from .errors import NotFound
-from .models import TERMINAL, AgentStatus, Kernel, Session, Status
+from . import execution, selectors, terminals
+from .errors import Conflict, InvalidInput, NotFound
+from .loop import db, touch_later
+from .models import TERMINAL, AgentStatus, Kernel, RunMode, Session, Status
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,6 @@ CLOSE_TOO_MANY = 4429
 # session this often while it is open, and at most this often on input.
 TOUCH_EVERY = 30.0
 TOUCH_INPUT_THROTTLE = 5.0
-# All the streams of a process share one write of their sessions' activity, at
-# most this often.
-TOUCH_FLUSH_GAP = 1.0
 MAX_TERM_SIZE = 1000
 # A session that is ending has no shell to offer any more.
 ENDING = TERMINAL | {Status.TERMINATING}
@@ -76,16 +73,6 @@ def _user(scope: dict[str, Any]) -> Any:
     if user is None or not user.is_authenticated:
         return None
     return user
-
-
-def _db(func):  # type: ignore[no-untyped-def]
-    """ORM work in the shared thread pool: the single thread-sensitive executor
-    would queue every consumer of the process behind one call. SQLite (the
-    embedded default) takes one writer at a time whatever the thread, and its
-    in-memory test database refuses a second thread: it keeps the one thread."""
-    from django.db import connection
-
-    return database_sync_to_async(func, thread_sensitive=connection.vendor == "sqlite")
 
 
 class _Refusing:
@@ -173,57 +160,6 @@ def _load_kernel(user: Any, session_id: str, kernel_ref: str) -> Kernel:
     return kernel
 
 
-class _TouchBatch:
-    """The sessions with stream activity, written to the database together.
-
-    One per event loop (so one per daphne process): at most one write in flight
-    and at most one every ``TOUCH_FLUSH_GAP`` seconds, whatever the number of open
-    streams. It runs in the shared thread pool (``thread_sensitive=False``): the
-    single thread-sensitive executor is where every consumer of the process
-    would otherwise queue behind a database connect (CONN_MAX_AGE is 0).
-    """
-
-    def __init__(self) -> None:
-        self.pending: set[str] = set()
-        self.task: asyncio.Task[None] | None = None
-        self.last_flush = 0.0
-
-    def add(self, session_id: str) -> None:
-        self.pending.add(session_id)
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._flush())
-
-    async def _flush(self) -> None:
-        while self.pending:
-            wait = self.last_flush + TOUCH_FLUSH_GAP - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            ids, self.pending = self.pending, set()
-            self.last_flush = time.monotonic()
-            try:
-                await _db(_touch_sessions)(ids)
-            except Exception:  # noqa: BLE001 - activity is best effort; never kill a stream
-                logger.warning("touching sessions %s failed", sorted(ids), exc_info=True)
-
-
-def _touch_sessions(ids: set[str]) -> None:
-    for session_id in ids:
-        services.session_touch(session_id=session_id)
-
-
-_touch_batches: dict[asyncio.AbstractEventLoop, _TouchBatch] = {}
-
-
-def _touch_batch() -> _TouchBatch:
-    loop = asyncio.get_running_loop()
-    batch = _touch_batches.get(loop)
-    if batch is None:
-        for old in [old for old in _touch_batches if old.is_closed()]:
-            del _touch_batches[old]
-        batch = _touch_batches[loop] = _TouchBatch()
-    return batch
-
-
 class _Toucher:
     """Counts an open stream as activity on its session (idle timeout)."""
 
@@ -234,9 +170,12 @@ class _Toucher:
 
     def start_touching(self, session: Session, user: Any) -> None:
         # An admin looking in is not the owner's activity.
-        self._touch_owner = session.owner_id == user.pk
-        self.session_id = str(session.pk)
-        if self._touch_owner:
+        self.touch_while_open(session_id=str(session.pk), owner_acts=session.owner_id == user.pk)
+
+    def touch_while_open(self, *, session_id: str, owner_acts: bool) -> None:
+        self._touch_owner = owner_acts
+        self.session_id = session_id
+        if owner_acts:
             self._touch_task = asyncio.create_task(self._touch_loop())
 
     async def _touch_loop(self) -> None:
@@ -246,7 +185,7 @@ class _Toucher:
 
     def _touch(self) -> None:
         self._last_touch = time.monotonic()
-        _touch_batch().add(self.session_id)  # type: ignore[arg-type]
+        touch_later(self.session_id)  # type: ignore[arg-type]
 
     def touch_soon(self) -> None:
         """On input: at most once per TOUCH_INPUT_THROTTLE, off the hot path."""
@@ -283,7 +222,7 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
             return
         kwargs = self.scope["url_route"]["kwargs"]
         try:
-            kernel = await _db(_load_kernel)(user, kwargs["session_id"], kwargs["kernel_ref"])
+            kernel = await db(_load_kernel)(user, kwargs["session_id"], kwargs["kernel_ref"])
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, exc.message)
             return
@@ -292,7 +231,7 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
         self.kernel_hostname = kernel.cluster_hostname
         agent_alive = (
             kernel.agent_id is not None
-            and await _db(lambda: kernel.agent.status == AgentStatus.ALIVE)()
+            and await db(lambda: kernel.agent.status == AgentStatus.ALIVE)()
         )
         await self.accept()
         if kernel.status in TERMINAL or not agent_alive or kernel.status == Status.PENDING:
@@ -471,7 +410,9 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
             await self.refuse(CLOSE_BAD_INPUT, f"cols and rows must be 1..{MAX_TERM_SIZE}.")
             return
         try:
-            session, main = await _db(_load_terminal_target)(user, session_id)
+            session, main = await db(selectors.get_session_main_for_user)(
+                user=user, session_id=session_id
+            )
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, exc.message)
             return
@@ -631,20 +572,173 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
         await self.close(code=1000)
 
     async def sessions_changed(self, event: dict[str, Any]) -> None:
-        for item in event.get("sessions") or []:
-            if (
-                item.get("id") == self.session_id
-                and not item.get("kernel")
-                and item.get("status") in ENDING
-            ):
-                self.closed_by_agent = True
-                if self.term_id is not None:
-                    await terminals.release(user_id=self.place_holder, term_id=self.term_id)
-                await self.refuse(
-                    CLOSE_GONE,
-                    f"The session has ended ({item['status']}: {item.get('reason', '')}).",
-                )
-                return
+        ended = _session_ended(event, self.session_id)
+        if ended is not None:
+            self.closed_by_agent = True
+            if self.term_id is not None:
+                await terminals.release(user_id=self.place_holder, term_id=self.term_id)
+            await self.refuse(CLOSE_GONE, ended)
+
+
+def _session_ended(event: dict[str, Any], session_id: str | None) -> str | None:
+    """What to tell a stream of ``session_id`` when a status push says it is ending."""
+    for item in event.get("sessions") or []:
+        if item.get("id") == session_id and not item.get("kernel") and item.get("status") in ENDING:
+            return f"The session has ended ({item['status']}: {item.get('reason', '')})."
+    return None
+
+
+# --- code execution ---------------------------------------------------------------
+
+# Requests of one socket waiting for their answers at once.
+MAX_PENDING_RUNS = 16
+# What each browser message may hold besides its type.
+EXEC_MESSAGES = {
+    "run": ("mode", "code", "options", "run_id"),
+    "input": ("run_id", "code"),
+    "interrupt": ("run_id",),
+    "complete": ("code", "cursor_pos"),
+}
+
+
+def _exec_body(message: dict[str, Any]) -> dict[str, Any]:
+    """The request body (``execution.exec_request``) a browser message asks for,
+    or InvalidInput saying why it asks for none."""
+    kind = message.get("type")
+    fields = EXEC_MESSAGES.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise InvalidInput("unknown message; send run, input, interrupt, complete or ping")
+    unknown = sorted(str(key) for key in message if key != "type" and key not in fields)
+    if unknown:
+        raise InvalidInput(f"{kind}: unknown field {', '.join(unknown)}")
+    body = {key: message[key] for key in fields if key in message}
+    if kind == "run":
+        if body.get("mode") not in RunMode.values:
+            raise InvalidInput("run: mode must be query or batch")
+        return body
+    if "cursor_pos" in body:
+        body["options"] = {"cursor_pos": body.pop("cursor_pos")}
+    return {**body, "mode": kind}
+
+
+class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+    """``/ws/sessions/<session_id>/execute/``: code runs in main1, its output streamed.
+
+    The same requests, checks and history as the REST endpoint
+    (``sessions_app.execution``), asked with ``stream: true``.
+
+    Browser → server: ``{"type": "run", "mode": "query"|"batch", "code", "options"?,
+    "run_id"?}``, ``{"type": "input", "run_id", "code"}``, ``{"type": "interrupt",
+    "run_id"?}``, ``{"type": "complete", "code", "cursor_pos"}``, ``{"type": "ping"}``.
+    Server → browser: ``{"type": "records", "run_id", "records"}`` as they come, then
+    ``{"type": "result", "run_id", "status", "exit_code", "completions"?}`` (after a
+    ``waiting-input`` result, more comes once ``input`` is sent), or ``{"type":
+    "error", "message"}`` for a request refused (the stream stays open).
+    """
+
+    target: execution.ExecTarget | None = None
+    owner_group: str | None = None
+
+    async def connect(self) -> None:
+        user = _user(self.scope)
+        if user is None:
+            await self.refuse(CLOSE_UNAUTHENTICATED, "Log in to run code.")
+            return
+        session_id = self.scope["url_route"]["kwargs"]["session_id"]
+        try:
+            target = await db(execution.exec_target)(user=user, session_id=session_id)
+        except NotFound as exc:
+            await self.refuse(CLOSE_NOT_FOUND, exc.message)
+            return
+        except Conflict as exc:
+            ended = exc.extra.get("status") in ENDING
+            await self.refuse(CLOSE_GONE if ended else CLOSE_NOT_READY, exc.message)
+            return
+        self.user_id = user.pk
+        self.pending: dict[str, int | None] = {}  # request id -> its run's row, if it started one
+        self.max_frame = execution.max_request_chars()
+        # The owner's status pushes say when the session ends under the runs.
+        self.owner_group = protocol.user_group(target.owner_id)
+        await self.channel_layer.group_add(self.owner_group, self.channel_name)
+        await self.accept()
+        self.target = target
+        self.touch_while_open(session_id=target.session_id, owner_acts=target.owner_acts)
+        logger.info("code runs of session %s opened by user %s", target.session_id, user.pk)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.target is None:
+            return
+        try:
+            message = _parse(text_data, self.max_frame)
+        except BadFrame as exc:
+            await self.refuse(CLOSE_BAD_INPUT, str(exc))
+            return
+        if message.get("type") == "ping":
+            await self.send(text_data='{"type":"pong"}')
+            return
+        if len(self.pending) >= MAX_PENDING_RUNS:
+            await self._error(f"{len(self.pending)} requests wait for answers; wait for one first")
+            return
+        try:
+            request = execution.exec_request(
+                _exec_body(message), max_code=settings.BAI_EXEC_MAX_CODE
+            )
+        except InvalidInput as exc:
+            await self._error(exc.message)
+            return
+        self.touch_soon()
+        started = await db(execution.run_started)(
+            target=self.target, user_id=self.user_id, request=request
+        )
+        command = execution.exec_command(target=self.target, request=request, stream=True)
+        self.pending[command["req_id"]] = started
+        await execution.send_to_agent(self.target, command, reply=self.channel_name)
+
+    async def exec_records(self, event: dict[str, Any]) -> None:
+        if event["req_id"] in self.pending:
+            await self._records(event)
+
+    async def exec_result(self, event: dict[str, Any]) -> None:
+        if event["req_id"] not in self.pending:
+            return
+        started = self.pending.pop(event["req_id"])
+        if event.get("reason") is not None:
+            await self._error(event["reason"])
+        else:
+            if event["records"]:
+                await self._records(event)
+            result = {"type": "result", **execution.answer_fields(event)}
+            await self.send(text_data=json.dumps(result))
+        if execution.changes_history(event, started):
+            await db(execution.run_answered)(
+                session_id=self.session_id, started=started, answer=event
+            )
+
+    async def exec_lost(self, event: dict[str, Any]) -> None:
+        if event["req_id"] in self.pending:
+            del self.pending[event["req_id"]]
+            await self._error(event["reason"])
+
+    async def _records(self, event: dict[str, Any]) -> None:
+        await self.send(
+            text_data=json.dumps(
+                {"type": "records", "run_id": event["run_id"], "records": event["records"]}
+            )
+        )
+
+    async def _error(self, message: str) -> None:
+        await self.send(text_data=json.dumps({"type": "error", "message": message}))
+
+    async def sessions_changed(self, event: dict[str, Any]) -> None:
+        ended = _session_ended(event, self.session_id)
+        if ended is not None:
+            await self.refuse(CLOSE_GONE, ended)
+
+    async def disconnect(self, code: int) -> None:
+        self.stop_touching()
+        if self.owner_group is not None:
+            await self.channel_layer.group_discard(self.owner_group, self.channel_name)
+            self.owner_group = None
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -652,11 +746,3 @@ def _int_or_none(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
-
-
-def _load_terminal_target(user: Any, session_id: str) -> tuple[Session, Kernel]:
-    session = selectors.get_session_for_user(user=user, session_id=session_id)
-    main = Kernel.objects.filter(session=session, cluster_role="main").first()
-    if main is None:
-        raise NotFound("This session has no main kernel.")
-    return session, main

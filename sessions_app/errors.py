@@ -52,6 +52,12 @@ class NotFound(ApplicationError):
     status_code = status.HTTP_404_NOT_FOUND
 
 
+class AgentTimeout(ApplicationError):
+    """The agent that should answer did not, in time (or went away first)."""
+
+    status_code = status.HTTP_504_GATEWAY_TIMEOUT
+
+
 class TooManyRequests(ApplicationError):
     """Refused for now: ``extra.retry_after`` (and the Retry-After header) says for how long."""
 

@@ -729,3 +729,57 @@ class SessionEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_status}→{self.to_status}: {self.reason}"
+
+
+# --- code execution ----------------------------------------------------------
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    FINISHED = "finished"
+    EXEC_TIMEOUT = "exec-timeout"
+
+
+class RunMode(models.TextChoices):
+    QUERY = "query"
+    BATCH = "batch"
+
+
+class ExecutionRun(models.Model):
+    """One code run (a query or batch) in a session's main1: who ran it, when, and
+    how it ended. Neither the code nor its output is kept.
+
+    Created when the run is sent to the agent (status ``running``); its status,
+    exit code and end are set once an answer says it finished or timed out.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="execution_runs"
+    )
+    mode = models.CharField(max_length=8, choices=RunMode.choices)
+    run_id = models.CharField(max_length=64)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    exit_code = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["session", "-started_at"], name="run_session_newest")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in RunStatus]), name="run_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(mode__in=[m.value for m in RunMode]), name="run_mode_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(status=RunStatus.RUNNING, finished_at__isnull=True)
+                | (~Q(status=RunStatus.RUNNING) & Q(finished_at__isnull=False)),
+                name="run_finished_when_it_ended",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} ({self.mode}, {self.status}) in {self.session_id}"

@@ -28,6 +28,7 @@ DESCRIPTIONS = {
     413: "The request body is larger than the server accepts.",
     415: "The request body is not in a format the API reads (use JSON).",
     429: "Too many requests: wait and try again.",
+    504: "The session's agent did not answer in time.",
 }
 BODY_METHODS = ("POST", "PUT", "PATCH")
 

@@ -11,4 +11,5 @@ websocket_urlpatterns = [
         consumers.KernelLogsConsumer.as_asgi(),
     ),
     path("sessions/<str:session_id>/terminal/", consumers.TerminalConsumer.as_asgi()),
+    path("sessions/<str:session_id>/execute/", consumers.ExecuteConsumer.as_asgi()),
 ]

@@ -24,6 +24,7 @@ from .models import (
     Agent,
     AgentStatus,
     DataFolder,
+    ExecutionRun,
     Image,
     Kernel,
     ResourceGroup,
@@ -83,6 +84,22 @@ def get_kernel_for_user(*, user: AbstractBaseUser, session_id: object, kernel_re
     if kernel is None:
         raise NotFound("No such kernel in this session.")
     return kernel
+
+
+def get_session_main_for_user(
+    *, user: AbstractBaseUser, session_id: object
+) -> tuple[Session, Kernel]:
+    """A visible session and its main1, where everything that talks to a session lands."""
+    session = get_session_for_user(user=user, session_id=session_id)
+    main = Kernel.objects.filter(session=session, cluster_role="main").first()
+    if main is None:
+        raise NotFound("This session has no main kernel.")
+    return session, main
+
+
+def session_runs(*, session: Session) -> QuerySet[ExecutionRun]:
+    """A session's code runs, newest first, with who ran each."""
+    return ExecutionRun.objects.filter(session=session).select_related("user")
 
 
 def session_apps(*, session: Session) -> list[service_ports.App]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import jsonschema
 
+from agent import protocol
 from bai_common.jsonlimits import lone_surrogate_at
 
 # Field name -> JSON schema. Unknown fields are refused with their name. Every
@@ -223,6 +224,90 @@ LAUNCH_SCHEMA: dict[str, Any] = {
     "properties": LAUNCH_PROPERTIES,
 }
 
+# A code run (``POST /sessions/{id}/execute/``, ``sessions_app.execution``). Code
+# and commands may hold any text (a NUL too: they are never stored); their utf-8
+# size is the service's to judge against ``BAI_EXEC_MAX_CODE``.
+EXEC_MODES = list(protocol.EXEC_MODES)
+RUN_ID_PATTERN = "^[A-Za-z0-9_-]+$"
+_MODE_WORDS = f"must be one of {', '.join(EXEC_MODES)}"
+_COMMAND_WORDS = f"at most {protocol.EXEC_COMMAND_MAX} characters"
+EXECUTE_PROPERTIES: dict[str, Any] = {
+    "mode": {
+        "type": "string",
+        "enum": EXEC_MODES,
+        "x-errors": {"type": _MODE_WORDS, "enum": _MODE_WORDS},
+    },
+    "code": {
+        "type": "string",
+        "maxLength": protocol.EXEC_CODE_MAX,
+        "x-errors": {
+            "type": "must be a string",
+            "maxLength": f"at most {protocol.EXEC_CODE_MAX} characters",
+        },
+    },
+    "run_id": {
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": protocol.RUN_ID_MAX,
+        "pattern": RUN_ID_PATTERN,
+        "x-errors": {
+            "type": "must be a run id (a string) or null",
+            "minLength": "must not be empty",
+            "maxLength": f"at most {protocol.RUN_ID_MAX} characters",
+            "pattern": "use letters, digits, '_' and '-' only",
+        },
+    },
+    "options": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "build": {
+                "type": "string",
+                "maxLength": protocol.EXEC_COMMAND_MAX,
+                "x-errors": {
+                    "type": "must be a shell command (a string)",
+                    "maxLength": _COMMAND_WORDS,
+                },
+            },
+            "exec": {
+                "type": "string",
+                "maxLength": protocol.EXEC_COMMAND_MAX,
+                "x-errors": {
+                    "type": "must be a shell command (a string)",
+                    "maxLength": _COMMAND_WORDS,
+                },
+            },
+            "timeout": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": protocol.EXEC_TIMEOUT_MAX,
+                "x-errors": {
+                    "type": "must be a number of seconds (0: no limit)",
+                    "minimum": "must be a number of seconds (0: no limit)",
+                    "maximum": f"at most {protocol.EXEC_TIMEOUT_MAX:.0f} seconds (a day)",
+                },
+            },
+            "cursor_pos": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": protocol.EXEC_CODE_MAX,
+                "x-errors": {
+                    "type": "must be a whole number (a position in the code)",
+                    "minimum": "must be a position in the code (0 or more)",
+                    "maximum": "must be a position in the code",
+                },
+            },
+        },
+        "x-errors": {"type": 'must be an object like {{"timeout": 60}}'},
+    },
+}
+EXECUTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["mode"],
+    "properties": EXECUTE_PROPERTIES,
+}
+
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = 80
@@ -268,14 +353,25 @@ def spec_errors(spec: Any, schema: dict[str, Any] = LAUNCH_SCHEMA) -> dict[str, 
             for name in sorted(set(spec) - set(schema["properties"])):
                 errors.setdefault(name, []).append("unknown field")
             continue
+        if error.validator == "required" and not path:
+            for name in schema["required"]:
+                if name not in spec:
+                    errors.setdefault(name, []).append("is required")
+            continue
         errors.setdefault(_field(path), []).append(error_message(error))
     if not errors and (where := lone_surrogate_at(spec)) is not None:
         errors[_field([str(p) for p in where])] = [INVALID_UNICODE]
     return errors
 
 
+# Fields whose errors name their inner field too: ``roles.sub.replicas``, ``options.timeout``.
+_NESTED_FIELDS = {"roles": 3, "options": 2}
+
+
 def _field(path: list[str]) -> str:
-    return ".".join(path[:3]) if path[:1] == ["roles"] else (path[0] if path else "spec")
+    if not path:
+        return "spec"
+    return ".".join(path[: _NESTED_FIELDS.get(path[0], 1)])
 
 
 MERGED_MAPPINGS = ("resources", "env")

@@ -14,6 +14,12 @@ urlpatterns = [
         name="api-session-terminate",
     ),
     path(
+        "sessions/<str:session_id>/execute/",
+        api.SessionExecuteApi.as_view(),
+        name="api-session-execute",
+    ),
+    path("sessions/<str:session_id>/runs/", api.SessionRunsApi.as_view(), name="api-session-runs"),
+    path(
         "sessions/<str:session_id>/apps/<str:app>/open/",
         api.SessionAppOpenApi.as_view(),
         name="api-session-app-open",

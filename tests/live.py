@@ -217,6 +217,31 @@ class LiveSystem:
             self.server_log.close()
 
 
+def start_bai(config: Path, *args: str) -> subprocess.Popen[str]:
+    """The ``bai`` client (``python -m bai_client``, as the console script runs it)
+    with the config file ``config``, left running, its output read as it comes."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bai_client", *args],
+        cwd=ROOT,
+        env={**os.environ, "BAI_CONFIG": str(config), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def interrupt_after(proc: subprocess.Popen[str], line: str, timeout: float = 60) -> str:
+    """Press Ctrl-C for ``proc`` once it has written ``line``; its stderr once it exited."""
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        stop_process(proc)
+    return err
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy (state, not sleeps)."""
     deadline = time.monotonic() + timeout

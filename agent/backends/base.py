@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import resource
+import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -175,6 +176,58 @@ class FdChannel(TermChannel):
         self._flush()
 
 
+class SocketChannel(FdChannel):
+    """A process at the other end of a socket: a ``docker exec``'s hijacked socket, or
+    one end of a socketpair that is a subprocess's stdin and stdout."""
+
+    def __init__(
+        self, sock: Any, on_data: Callable[[bytes], None], on_eof: Callable[[], None]
+    ) -> None:
+        self.sock = sock  # keeps an HTTP response (and so the connection) alive
+        self.raw = getattr(sock, "_sock", sock)
+        self.raw.setblocking(False)
+        super().__init__(asyncio.get_running_loop(), self.raw.fileno(), on_data, on_eof)
+
+    def _recv(self) -> bytes:
+        return self.raw.recv(65536)
+
+    def _send(self, data: bytearray) -> int:
+        return self.raw.send(data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Only a TTY has a size."""
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_io()
+        with contextlib.suppress(OSError):
+            self.raw.shutdown(socket.SHUT_WR)  # the process reads the end of its input
+        with contextlib.suppress(Exception):
+            self.sock.close()
+        with contextlib.suppress(Exception):
+            self.raw.close()
+        await self.ended()
+
+    async def ended(self) -> None:  # noqa: B027 - an optional hook
+        """After the socket is closed: end what is left of the process."""
+
+
+# The code runner (agent/coderunner.py) is started as
+# ``/bin/sh -c RUNNER_SHELL bai-coderunner <python> <source>``: an image without that
+# python answers "unavailable" at once instead of failing somewhere in between.
+RUNNER_SHELL = (
+    'command -v "$1" >/dev/null 2>&1'
+    ' || { echo \'{"type": "unavailable", "reason": "no python3"}\'; exit 127; }\n'
+    'exec "$1" -u -c "$2"'
+)
+
+
+def runner_argv(python: str, source: str) -> list[str]:
+    return ["/bin/sh", "-c", RUNNER_SHELL, "bai-coderunner", python, source]
+
+
 class Backend(ABC):
     """The interface the daemon drives. Subclasses: docker, process."""
 
@@ -188,6 +241,9 @@ class Backend(ABC):
         self.tails: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.tombstones: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.terminals = TerminalHub(self)
+        from agent.execution import Execution  # it drives backends: imported late
+
+        self.execution = Execution(self)
 
     # --- lifecycle of the backend itself --------------------------------------
 
@@ -195,8 +251,9 @@ class Backend(ABC):
         """Find the kernels that survived a restart of the agent and watch them."""
 
     async def close(self) -> None:
-        """Stop watchers and terminals; kernels keep running."""
+        """Stop watchers, terminals and code runners; kernels keep running."""
         await self.terminals.close_all()
+        await self.execution.close_all()
 
     def set_agent_id(self, agent_id: str) -> None:
         self.agent_id = agent_id
@@ -271,6 +328,27 @@ class Backend(ABC):
         on_eof: Callable[[], None],
     ) -> TermChannel:
         """Start a login shell in a running kernel. Raise KernelError if impossible."""
+
+    def running_kernel(self, kernel_id: str) -> KernelState:
+        """The state of a kernel that runs here, or KernelError saying it does not."""
+        state = self.kernels.get(kernel_id)
+        if state is None or state.status != protocol.KR_RUNNING:
+            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        return state
+
+    # --- code execution (agent/execution.py drives it) ----------------------------------
+
+    async def spawn_runner(
+        self,
+        kernel_id: str,
+        source: str,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> TermChannel:
+        """Start the code runner (``python3 -u -c source``, see :func:`runner_argv`) in a
+        running kernel as the kernel user, its stdin and stdout a byte stream (no TTY) and
+        its stderr dropped. Raise KernelError if the kernel does not run here."""
+        raise KernelError("this backend cannot run code")
 
     # --- service ports (apps) ---------------------------------------------------------
 

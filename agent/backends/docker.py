@@ -44,9 +44,9 @@ from agent import protocol
 from agent.backends.base import (
     PIDS_LIMIT,
     Backend,
-    FdChannel,
     KernelError,
     KernelState,
+    SocketChannel,
     TermChannel,
     ThreadPipe,
     chunked_text,
@@ -54,6 +54,7 @@ from agent.backends.base import (
     prepare_host_folder,
     render_env_file,
     render_ssh_environment,
+    runner_argv,
     trim_tail,
 )
 
@@ -767,6 +768,7 @@ class DockerBackend(Backend):
                 return
             state.destroying = True
             await self.terminals.close_kernel(kernel_id, "kernel destroyed")
+            await self.execution.close_kernel(kernel_id)
             if state.container_id:
                 cid = state.container_id
                 with contextlib.suppress(NotFound):
@@ -842,10 +844,14 @@ class DockerBackend(Backend):
 
     # --- service ports ------------------------------------------------------------------
 
-    async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
-        state = self.kernels.get(kernel_id)
-        if state is None or state.status != protocol.KR_RUNNING or not state.container_id:
+    def _running_container(self, kernel_id: str) -> tuple[KernelState, str]:
+        state = self.running_kernel(kernel_id)
+        if not state.container_id:
             raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        return state, state.container_id
+
+    async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
+        state, _ = self._running_container(kernel_id)
         address = state.extra.get("address")
         if not address:
             info = await self._call(self.api.inspect_container, state.container_id)
@@ -860,10 +866,7 @@ class DockerBackend(Backend):
         return address, port
 
     async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
-        state = self.kernels.get(kernel_id)
-        if state is None or state.status != protocol.KR_RUNNING or not state.container_id:
-            raise KernelError(f"kernel {kernel_id} is not running on this agent")
-        container_id = state.container_id
+        _, container_id = self._running_container(kernel_id)
         script = command  # an exec inherits the container's environment (the kernel's)
 
         def run() -> None:
@@ -888,11 +891,7 @@ class DockerBackend(Backend):
         on_data: Callable[[bytes], None],
         on_eof: Callable[[], None],
     ) -> TermChannel:
-        state = self.kernels.get(kernel_id)
-        if state is None or state.status != protocol.KR_RUNNING or not state.container_id:
-            raise KernelError(f"kernel {kernel_id} is not running on this agent")
-        container_id = state.container_id
-
+        _, container_id = self._running_container(kernel_id)
         pidfile = f"{HOME}/.backendai/term-{uuid.uuid4().hex}.pid"
 
         def open_exec() -> tuple[str, Any]:
@@ -913,8 +912,38 @@ class DockerBackend(Backend):
         await channel.resize(cols, rows)
         return channel
 
+    async def spawn_runner(
+        self,
+        kernel_id: str,
+        source: str,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> TermChannel:
+        _, container_id = self._running_container(kernel_id)
 
-class ExecChannel(FdChannel):
+        def open_exec() -> Any:
+            exec_id = self.api.exec_create(
+                container_id,
+                runner_argv("python3", source),
+                stdin=True,
+                stdout=True,
+                stderr=False,
+                tty=False,
+                user=f"{KERNEL_UID}:{KERNEL_GID}",
+                environment={"HOME": HOME},
+                workdir=HOME,
+            )["Id"]
+            return self.api.exec_start(exec_id, tty=False, socket=True)
+
+        try:
+            sock = await self._call(open_exec)
+        except DockerException as exc:
+            raise KernelError(f"cannot start the code runner: {exc}") from exc
+        demux = Demuxer()  # without a TTY the engine frames the output (stdout only here)
+        return SocketChannel(sock, lambda data: on_data(demux.feed(data)), on_eof)
+
+
+class ExecChannel(SocketChannel):
     """A ``docker exec`` TTY: its hijacked socket is read with the loop's add_reader."""
 
     def __init__(
@@ -931,16 +960,7 @@ class ExecChannel(FdChannel):
         self.container_id = container_id
         self.exec_id = exec_id
         self.pidfile = pidfile
-        self.sock = sock  # keeps the HTTP response (and so the connection) alive
-        self.raw = getattr(sock, "_sock", sock)
-        self.raw.setblocking(False)
-        super().__init__(asyncio.get_running_loop(), self.raw.fileno(), on_data, on_eof)
-
-    def _recv(self) -> bytes:
-        return self.raw.recv(65536)
-
-    def _send(self, data: bytearray) -> int:
-        return self.raw.send(data)
+        super().__init__(sock, on_data, on_eof)
 
     async def resize(self, cols: int, rows: int) -> None:
         if self.closed:
@@ -950,15 +970,7 @@ class ExecChannel(FdChannel):
                 self.backend.api.exec_resize, self.exec_id, height=max(rows, 1), width=max(cols, 1)
             )
 
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._stop_io()
-        with contextlib.suppress(Exception):
-            self.sock.close()
-        with contextlib.suppress(Exception):
-            self.raw.close()
+    async def ended(self) -> None:
         # Closing the exec's socket does not end its shell: hang up the shell's group.
         script = f"p=$(cat {self.pidfile}) && kill -HUP -- -$p $p 2>/dev/null; rm -f {self.pidfile}"
         api = self.backend.api

@@ -38,8 +38,11 @@ import pwd
 import resource
 import shutil
 import signal
+import socket
+import stat
 import struct
 import subprocess
+import sys
 import termios
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
@@ -56,10 +59,12 @@ from agent.backends.base import (
     KernelError,
     KernelLimits,
     KernelState,
+    SocketChannel,
     TermChannel,
     nofile_limit,
     prepare_host_folder,
     render_env_file,
+    runner_argv,
     trim_tail,
 )
 
@@ -459,6 +464,7 @@ class ProcessBackend(Backend):
                 return
             state.destroying = True
             await self.terminals.close_kernel(kernel_id, "kernel destroyed")
+            await self.execution.close_kernel(kernel_id)
             info = state.extra.get("info")
             if info is not None:
                 await self._kill_group(state, info["pid"])
@@ -538,18 +544,19 @@ class ProcessBackend(Backend):
     # --- terminals --------------------------------------------------------------------
 
     async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
-        state = self.kernels.get(kernel_id)
-        if state is None or state.status != protocol.KR_RUNNING:
-            raise KernelError(f"kernel {kernel_id} is not running on this agent")
+        self.running_kernel(kernel_id)
         return "127.0.0.1", port
 
-    async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
-        state = self.kernels.get(kernel_id)
-        if state is None or state.status != protocol.KR_RUNNING:
-            raise KernelError(f"kernel {kernel_id} is not running on this agent")
-        info = state.extra["info"]
-        uid, gid = info.get("uid"), info.get("gid")
+    def _kernel_process(self, kernel_id: str) -> tuple[dict[str, Any], dict[int, int]]:
+        """A running kernel's saved facts (dir, env, uid, gid, pid) and its rlimits,
+        for what the agent starts in it (apps, shells, the code runner)."""
+        info = self.running_kernel(kernel_id).extra["info"]
         limits = KernelLimits(Decimal(0), int(info.get("mem") or MIN_MEM))
+        return info, kernel_rlimits(limits)
+
+    async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
+        info, rlimits = self._kernel_process(kernel_id)
+        uid, gid = info.get("uid"), info.get("gid")
         try:
             app = subprocess.Popen(
                 ["/bin/sh", "-c", command],
@@ -561,13 +568,49 @@ class ProcessBackend(Backend):
                 # A group of its own (the kernel's is in another session, which Linux
                 # refuses to join); destroying the kernel ends it too (_kill_group).
                 start_new_session=True,
-                preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
+                preexec_fn=_limit_self(rlimits),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
                 **self._identity(uid, gid),
             )
         except OSError as exc:
             raise KernelError(f"cannot start the app: {exc}") from exc
-        state.extra.setdefault("apps", []).append(app)
+        self.running_kernel(kernel_id).extra.setdefault("apps", []).append(app)
+
+    async def spawn_runner(
+        self,
+        kernel_id: str,
+        source: str,
+        on_data: Callable[[bytes], None],
+        on_eof: Callable[[], None],
+    ) -> TermChannel:
+        info, rlimits = self._kernel_process(kernel_id)
+        uid, gid = info.get("uid"), info.get("gid")
+        python = self.config.runner_python or runner_python(sys.executable, self.isolated)
+        # glibc reserves 64 MiB of address space per thread arena: under the kernel's
+        # RLIMIT_AS an ipykernel needs few arenas to start at all.
+        env = {"MALLOC_ARENA_MAX": "2", **info["env"]}
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                runner_argv(python, source),
+                cwd=info["dir"],
+                env=env,
+                stdin=theirs,
+                stdout=theirs,
+                stderr=subprocess.DEVNULL,
+                # A group of its own (the kernel's is in another session, out of reach):
+                # the agent ends it before it destroys the kernel.
+                start_new_session=True,
+                preexec_fn=_limit_self(rlimits),  # noqa: PLW1509 - no locks taken
+                close_fds=True,
+                **self._identity(uid, gid),
+            )
+        except OSError as exc:
+            ours.close()
+            raise KernelError(f"cannot start the code runner: {exc}") from exc
+        finally:
+            theirs.close()
+        return RunnerChannel(ours, proc, on_data, on_eof)
 
     async def spawn_terminal(
         self,
@@ -577,15 +620,11 @@ class ProcessBackend(Backend):
         on_data: Callable[[bytes], None],
         on_eof: Callable[[], None],
     ) -> TermChannel:
-        state = self.kernels.get(kernel_id)
-        if state is None or state.status != protocol.KR_RUNNING:
-            raise KernelError(f"kernel {kernel_id} is not running on this agent")
-        info = state.extra["info"]
+        info, rlimits = self._kernel_process(kernel_id)
         env = dict(info["env"])
         env["TERM"] = "xterm-256color"
         shell = ["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]
         uid, gid = info.get("uid"), info.get("gid")
-        limits = KernelLimits(Decimal(0), int(info.get("mem") or MIN_MEM))
         master, slave = pty.openpty()
         _set_winsize(master, cols, rows)
         if self.isolated and uid is not None:
@@ -599,7 +638,7 @@ class ProcessBackend(Backend):
                 stdout=slave,
                 stderr=slave,
                 start_new_session=True,
-                preexec_fn=_shell_setup(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
+                preexec_fn=_shell_setup(rlimits),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
                 **self._identity(uid, gid),
             )
@@ -609,6 +648,36 @@ class ProcessBackend(Backend):
         finally:
             os.close(slave)
         return PtyChannel(asyncio.get_running_loop(), master, proc, on_data, on_eof)
+
+
+def runner_python(executable: str, isolated: bool) -> str:
+    """The python that runs the code runner: the agent's own (its venv has jupyter_client
+    and ipykernel) when the kernel can run it, else ``python3`` from the kernel's PATH.
+    A kernel with a uid of its own cannot run a python under a directory it may not
+    enter (a venv built from a python in root's home, say)."""
+    if not isolated or _usable_by_others(executable):
+        return executable
+    return "python3"
+
+
+def _usable_by_others(executable: str) -> bool:
+    """Whether every directory up to the real file is searchable by anyone, and the
+    file executable by anyone; also the site-packages that holds jupyter_client."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jupyter_client")
+    paths = [Path(os.path.realpath(executable))]
+    if spec is not None and spec.origin:
+        paths.append(Path(os.path.realpath(spec.origin)))
+    for path in paths:
+        try:
+            if not path.stat().st_mode & stat.S_IROTH:
+                return False
+            if not all(p.stat().st_mode & stat.S_IXOTH for p in path.parents):
+                return False
+        except OSError:
+            return False
+    return bool(paths[0].stat().st_mode & stat.S_IXOTH)
 
 
 def _shell_setup(rlimits: dict[int, int]) -> Callable[[], None]:
@@ -625,6 +694,26 @@ def _shell_setup(rlimits: dict[int, int]) -> Callable[[], None]:
 
 def _set_winsize(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", max(rows, 1), max(cols, 1), 0, 0))
+
+
+class RunnerChannel(SocketChannel):
+    """The code runner on one end of a socketpair (its stdin and stdout)."""
+
+    def __init__(self, sock, proc: subprocess.Popen, on_data, on_eof) -> None:
+        self.proc = proc
+        super().__init__(sock, on_data, on_eof)
+
+    async def ended(self) -> None:
+        # It shuts its kernel down when its input ends; past the grace it is killed.
+        await asyncio.to_thread(self._reap)
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 class PtyChannel(FdChannel):

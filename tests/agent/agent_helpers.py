@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import inspect
 import json
+import re
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -56,6 +61,7 @@ class FakeManager:
     def __init__(self, token: str = "good-token", heartbeat_interval: float = 0.2) -> None:
         self.token = token
         self.heartbeat_interval = heartbeat_interval
+        self.settings: dict[str, Any] = {}  # more fields of its "registered" answer
         self.frames = Frames()
         self.connections: list[ServerConnection] = []
         self.auth_headers: list[str | None] = []
@@ -85,6 +91,7 @@ class FakeManager:
                             "type": protocol.REGISTERED,
                             "agent_id": "agent-under-test",
                             "heartbeat_interval": self.heartbeat_interval,
+                            **self.settings,
                         }
                     )
                 )
@@ -143,3 +150,91 @@ def spec(
         "ssh": None,
         "kernels": kernels,
     }
+
+
+# --- code execution -------------------------------------------------------------------
+
+# A 1x1 PNG, as IPython.display.Image is given it in the tests.
+PNG_1PX = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+# 50 MB written in 1 MB pieces, as fast as the kernel can.
+FLOOD_50MB = "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1_000_000)\n"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Runs:
+    """Sends exec commands the way the manager does (``send``: the fake manager's socket,
+    or a backend's execution hub) and collects the answers from ``frames``. Every exec
+    frame it reads must pass the manager's checks (protocol.validate)."""
+
+    def __init__(self, frames: Frames, send: Callable[[dict], Any], kernel_id: str) -> None:
+        self.frames = frames
+        self.send = send
+        self.kernel_id = kernel_id
+
+    async def ask(
+        self,
+        mode: str,
+        code: str = "",
+        *,
+        run_id: str | None = None,
+        options: dict | None = None,
+        stream: bool = False,
+        flush: float = 1.0,
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """One request; its exec_result with the streamed records in front of its own."""
+        req_id = uuid.uuid4().hex
+        sent = self.send(
+            {
+                "type": protocol.EXEC,
+                "req_id": req_id,
+                "kernel_id": self.kernel_id,
+                "mode": mode,
+                "run_id": run_id,
+                "code": code,
+                "options": options or {},
+                "stream": stream,
+                "flush": flush,
+            }
+        )
+        if inspect.isawaitable(sent):
+            await sent
+        result = await self.frames.wait_for(timeout, type=protocol.EXEC_RESULT, req_id=req_id)
+        streamed = []
+        for frame in self.frames.seen:
+            if frame.get("req_id") == req_id:
+                wire = {k: v for k, v in frame.items() if k != "_conn"}
+                assert protocol.validate(wire) is None, protocol.validate(wire)
+                if frame["type"] == protocol.EXEC_RECORDS:
+                    streamed += frame["records"]
+        return {**result, "records": streamed + result["records"]}
+
+    async def run(self, code: str, mode: str = "query", **kwargs: Any) -> tuple[dict, list]:
+        """A run followed to its end (continued while it says "continued"): the last
+        answer and every record of the run."""
+        answer = await self.ask(mode, code, **kwargs)
+        records = list(answer["records"])
+        while answer["status"] == protocol.EXEC_CONTINUED:
+            answer = await self.ask(
+                "continue", run_id=answer["run_id"], flush=kwargs.get("flush", 1.0)
+            )
+            records += answer["records"]
+        return answer, records
+
+
+def text(records: list[dict], kind: str = "stdout") -> str:
+    return "".join(r["data"] for r in records if r["kind"] == kind)
+
+
+def peak_rss_reset() -> None:
+    """Start measuring this process's peak resident memory afresh (VmHWM)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")

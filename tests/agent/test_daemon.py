@@ -196,3 +196,19 @@ async def test_following_the_log_of_an_unknown_kernel_answers_an_error_for_that_
     )
     err = await manager.frames.wait_for(type=protocol.ERROR, stream_id="S9")
     assert "ghost" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "sent, expected",
+    [
+        ({"exec_output_limit": 1 << 20, "log_tail_bytes": 4096}, (1 << 20, 4096)),
+        ({"exec_output_limit": 10, "log_tail_bytes": 10}, (64 * 1024, 1024)),
+        ({"exec_output_limit": 1 << 40, "log_tail_bytes": 1 << 40}, (256 << 20, 16 << 20)),
+        ({"exec_output_limit": True, "log_tail_bytes": "big"}, (8 << 20, 64 * 1024)),
+        ({}, (8 << 20, 64 * 1024)),
+    ],
+)
+def test_the_managers_settings_are_taken_within_the_protocols_bounds(tmp_path, sent, expected):
+    agent = make_agent(type("M", (), {"url": "ws://127.0.0.1:1"})(), tmp_path)
+    agent._apply_registered({"type": protocol.REGISTERED, "heartbeat_interval": 1, **sent})
+    assert (agent.config.exec_output_limit, agent.config.log_tail_bytes) == expected

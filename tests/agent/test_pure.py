@@ -1,11 +1,15 @@
-"""Pure parts of the agent: option parsing, capacity detection, stream decoders, archives."""
+"""Pure parts of the agent: option parsing, capacity detection, stream decoders, archives,
+the code runs' output buffers."""
 
 from __future__ import annotations
 
 import os
 import struct
 import subprocess
+import sys
+import tempfile
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +22,10 @@ from agent.backends.base import (
     trim_tail,
 )
 from agent.backends.docker import RUNNER, Dechunker, Demuxer, network_driver, write_kernel_home
+from agent.backends.process import runner_python
+from agent.coderunner import size_text
 from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem
+from agent.execution import AGENT_CUT, NOTICE_ROOM, Lines, Run
 
 
 def test_a_bad_memory_size_on_the_command_line_is_refused_with_the_reason(capsys):
@@ -194,3 +201,75 @@ def test_a_multi_node_session_gets_an_overlay_only_where_the_engines_form_a_swar
     swarm, mode, driver
 ):
     assert network_driver(swarm, mode) == driver
+
+
+def _record(data, kind="stdout"):
+    return {"kind": kind, "data": data, "mime": None}
+
+
+def test_a_frame_carries_at_most_a_megabyte_of_data_cut_between_characters():
+    run = Run("r1", limit=64 * 1024**2)
+    for _ in range(4):
+        run.add(_record("é" * 30_000))  # joined up to 64 KiB, then new records
+    for _ in range(20):
+        run.add(_record("ü" * 300_000, kind="stderr"))
+    frames = []
+    while run.pending:
+        frames.append(run.take())
+    sizes = [sum(len(r["data"].encode()) for r in frame) for frame in frames]
+    assert max(sizes) <= 1024 * 1024 and sizes[0] == 1024 * 1024
+    assert text_of(frames, "stdout") == "é" * 120_000
+    assert text_of(frames, "stderr") == "ü" * 6_000_000
+
+
+def text_of(frames, kind):
+    return "".join(r["data"] for frame in frames for r in frame if r["kind"] == kind)
+
+
+def test_the_agent_keeps_no_more_than_the_limit_of_a_run_and_says_so_once():
+    run = Run("r1", limit=1000)
+    for _ in range(40):
+        run.add({"kind": "display", "data": "x" * 500, "mime": "text/plain"})
+    kept = [record for record, _ in run.pending]
+    assert sum(len(r["data"]) for r in kept if r["kind"] == "display") <= 1000 + NOTICE_ROOM
+    assert [r["data"] for r in kept if r["kind"] == "notice"] == [AGENT_CUT]
+
+
+def test_output_of_one_stream_is_joined_and_streams_stay_apart():
+    run = Run("r1", limit=1000)
+    for record in (_record("a"), _record("b"), _record("c", "stderr"), _record("d")):
+        run.add(record)
+    assert [r["data"] for r in run.take()] == ["ab", "c", "d"]
+
+
+def test_a_line_from_the_runner_over_the_bound_is_dropped_and_the_next_one_kept():
+    lines = Lines(limit=10)
+    assert list(lines.feed(b"x" * 11)) == []
+    assert list(lines.feed(b"yy\nok")) == []
+    assert list(lines.feed(b"\n")) == [b"ok"]
+
+
+def test_the_runner_python_is_the_agents_own_unless_a_kernel_uid_cannot_reach_it():
+    shared = Path(tempfile.mkdtemp())
+    try:
+        shared.chmod(0o755)
+        private = shared / "private"
+        private.mkdir(mode=0o700)
+        for folder in (shared, private):
+            (folder / "python").write_text("")
+            (folder / "python").chmod(0o755)
+        assert runner_python(str(private / "python"), isolated=False) == str(private / "python")
+        assert runner_python(str(private / "python"), isolated=True) == "python3"
+        reachable = all(p.stat().st_mode & 0o001 for p in Path(sys.prefix).resolve().parents)
+        expected = str(shared / "python") if reachable else "python3"
+        assert runner_python(str(shared / "python"), isolated=True) == expected
+    finally:
+        subprocess.run(["rm", "-rf", str(shared)], check=True)
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(8 * 1024**2, "8 MiB"), (64 * 1024, "64 KiB"), (1536 * 1024, "1.5 MiB"), (50, "50 bytes")],
+)
+def test_the_cut_notice_names_the_limit_in_round_units(size, shown):
+    assert size_text(size) == shown

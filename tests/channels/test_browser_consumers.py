@@ -17,7 +17,6 @@ import uuid
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.test import Client
 from django.utils import timezone
 
 from agent import protocol
@@ -26,11 +25,17 @@ from scheduler_app import reconcile
 from sessions_app import consumers, services, terminals
 from sessions_app.models import Kernel, Session, Status
 
-pytestmark = pytest.mark.django_db(transaction=True)
+from .helpers import (
+    HOST,
+    browser,
+    cookie_for,
+    frame_of,
+    no_frame_of,
+    refused,
+    running_session,
+)
 
-# A page of the site itself: the Origin names the host (and port) the socket is opened on.
-ORIGIN = (b"origin", b"http://testserver")
-HOST = (b"host", b"testserver")
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
@@ -40,112 +45,6 @@ def _own_channel_prefix(settings):
     default = dict(layers["default"])
     default["CONFIG"] = {**default["CONFIG"], "prefix": f"t{uuid.uuid4().hex[:10]}"}
     settings.CHANNEL_LAYERS = {**layers, "default": default}
-
-
-# --- helpers ---------------------------------------------------------------
-
-
-def _cookie_for(user) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-async def browser(path: str, user=None, *, token: str | None = None, origin=ORIGIN):
-    headers = [HOST, origin] if origin else [HOST]
-    if user is not None:
-        headers.append((b"cookie", await sync_to_async(_cookie_for)(user)))
-    if token is not None:
-        headers.append((b"authorization", f"Token {token}".encode()))
-    return WebsocketCommunicator(application, path, headers=headers)
-
-
-async def refused(comm: WebsocketCommunicator, code: int) -> str:
-    """The socket is accepted, says why in JSON, then closes with ``code``."""
-    connected, _ = await comm.connect()
-    assert connected
-    message = await comm.receive_json_from(timeout=5)
-    assert message["type"] == "error"
-    assert message["code"] == code
-    closed = await comm.receive_output(timeout=5)
-    assert closed == {"type": "websocket.close", "code": code}
-    return message["message"]
-
-
-async def frame_of(comm: WebsocketCommunicator, kind: str, timeout: float = 5) -> dict:
-    """The next frame of type ``kind`` (the agent also gets reconciliation chatter)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        frame = await comm.receive_json_from(timeout=max(0.05, deadline - loop.time()))
-        if frame.get("type") == kind:
-            return frame
-
-
-async def no_frame_of(comm: WebsocketCommunicator, kind: str, timeout: float = 0.5) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await comm.receive_nothing(timeout=deadline - loop.time()):
-            return
-        frame = await comm.receive_json_from()
-        assert frame.get("type") != kind, f"unexpected {kind}: {frame}"
-
-
-def _running_session(owner, image, size: int = 2) -> Session:
-    session = services.session_create(
-        owner=owner,
-        spec={"image": image.reference, "cluster_size": size, "cluster_mode": "multi-node"},
-    )
-    for kernel in Kernel.objects.filter(session=session):
-        reconcile.kernel_apply_report(
-            kernel=kernel,
-            report={"status": protocol.KR_RUNNING, "container_id": f"c-{kernel.cluster_hostname}"},
-        )
-    session.refresh_from_db()
-    assert session.status == Status.RUNNING
-    return session
-
-
-@pytest.fixture
-def running(alice, image, agent):
-    return _running_session(alice, image)
-
-
-@pytest.fixture
-async def fake_agent(agent, running):
-    """The agent's gateway connection, registered and reporting the session's kernels."""
-    kernels = await sync_to_async(list)(Kernel.objects.filter(session=running))
-    comm = WebsocketCommunicator(
-        application,
-        "/ws/agent/",
-        headers=[(b"authorization", f"Token {agent.plain_token}".encode())],
-    )
-    connected, _ = await comm.connect()
-    assert connected
-    await comm.send_json_to(
-        {
-            "type": protocol.REGISTER,
-            "protocol": protocol.PROTOCOL_VERSION,
-            "hostname": "node-a",
-            "backend": "docker",
-            "slots": {"cpu": "8", "mem": str(16 * 2**30)},
-            "labels": {},
-            "version": "test",
-            "kernels": [
-                {
-                    "kernel_id": str(k.pk),
-                    "session_id": str(running.pk),
-                    "status": protocol.KR_RUNNING,
-                    "container_id": f"c-{k.cluster_hostname}",
-                }
-                for k in kernels
-            ],
-        }
-    )
-    assert (await comm.receive_json_from(timeout=5))["type"] == protocol.REGISTERED
-    yield comm
-    await comm.disconnect()
 
 
 def _term_path(session, term: str | None = None, **params) -> str:
@@ -197,7 +96,7 @@ async def test_the_sessions_stream_answers_pings_and_rejects_other_messages(alic
 
 
 async def _connects(user, origin: bytes | None, host: bytes | None = b"localhost:8000") -> bool:
-    headers = [(b"cookie", await sync_to_async(_cookie_for)(user))]
+    headers = [(b"cookie", await sync_to_async(cookie_for)(user))]
     headers += [(b"origin", origin)] if origin is not None else []
     headers += [(b"host", host)] if host is not None else []
     comm = WebsocketCommunicator(application, "/ws/sessions/", headers=headers)
@@ -279,7 +178,7 @@ async def test_a_client_without_an_origin_is_not_logged_in_by_its_cookie(alice):
     comm = WebsocketCommunicator(
         application,
         "/ws/sessions/",
-        headers=[HOST, (b"cookie", await sync_to_async(_cookie_for)(alice))],
+        headers=[HOST, (b"cookie", await sync_to_async(cookie_for)(alice))],
     )
     await refused(comm, consumers.CLOSE_UNAUTHENTICATED)
 
@@ -566,7 +465,7 @@ async def test_a_terminal_past_the_users_limit_is_refused_with_4429_saying_the_l
     running, alice, image, fake_agent, settings
 ):
     settings.BAI_MAX_TERMINALS_PER_USER = 2
-    other = await sync_to_async(_running_session)(alice, image, size=1)
+    other = await sync_to_async(running_session)(alice, image, size=1)
     first = await _open(running, alice, fake_agent)
     second = await _open(other, alice, fake_agent)  # another session counts too
 

@@ -23,6 +23,7 @@ from django.urls import reverse
 from sessions_app.models import (
     Agent,
     DataFolder,
+    ExecutionRun,
     Image,
     Kernel,
     ResourceGroup,
@@ -92,6 +93,7 @@ def world(alice, admin, image, group, agent):
     session = _session(alice, image, group, agent)
     session.mounts.set([DataFolder.objects.create(owner=alice, name="data")])
     SessionEvent.objects.create(session=session, to_status=Status.PENDING, reason="created")
+    ExecutionRun.objects.create(session=session, user=alice, mode="query", run_id="r1")
     SessionTemplate.objects.create(owner=alice, name="tpl", spec={"image": image.reference})
     UserResourcePolicy.objects.create(
         user=alice, policy=ResourcePolicy.objects.create(name="small")

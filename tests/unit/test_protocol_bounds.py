@@ -190,3 +190,169 @@ def test_the_agent_cuts_long_free_text_to_fit_the_bounds():
 def test_a_frame_within_the_bounds_is_sent_as_it_is():
     frame = {"type": protocol.TERM_OUTPUT, "term_id": "t", "data": "x" * 10_000}
     assert protocol.fit(frame) is frame
+
+
+# --- code execution (issue 13) ---------------------------------------------------
+
+REQ = "0123456789abcdef" * 2
+
+
+def _exec(**changes):
+    command = {
+        "type": protocol.EXEC,
+        "req_id": REQ,
+        "kernel_id": "0b5c2c1e-8d7f-4a44-9a0e-2f6f3a5a9c10",
+        "mode": "query",
+        "run_id": None,
+        "code": "print('hi')",
+        "options": {"timeout": 30},
+        "stream": False,
+        "flush": 1.5,
+    }
+    command.update(changes)
+    return command
+
+
+def _result(**changes):
+    message = {
+        "type": protocol.EXEC_RESULT,
+        "req_id": REQ,
+        "run_id": "r1",
+        "status": protocol.EXEC_FINISHED,
+        "exit_code": 0,
+        "records": [{"kind": "stdout", "data": "hi\n", "mime": None}],
+        "completions": None,
+        "reason": None,
+    }
+    message.update(changes)
+    return message
+
+
+EXEC_VALID = {
+    "a query": _exec(),
+    "a batch with build and exec": _exec(
+        mode="batch", code="", options={"build": "make", "exec": "./a.out", "timeout": 0.5}
+    ),
+    "a continue of a named run": _exec(mode="continue", run_id="A-b_9" * 12, code=""),
+    "a completion at the cursor": _exec(
+        mode="complete", code="import o", options={"cursor_pos": 8}
+    ),
+    "a streamed input line": _exec(mode="input", run_id="r1", code="Ada", stream=True, flush=5),
+    "only what is required": {
+        "type": protocol.EXEC,
+        "req_id": REQ,
+        "kernel_id": "k",
+        "mode": "query",
+    },
+    "a megabyte of code": _exec(code="é" * (protocol.EXEC_CODE_MAX // 2)),
+}
+
+
+@pytest.mark.parametrize("command", EXEC_VALID.values(), ids=list(EXEC_VALID))
+def test_an_exec_command_within_its_bounds_passes(command):
+    assert protocol.validate_command(command) is None
+
+
+EXEC_REFUSED = {
+    "a short req_id": (_exec(req_id="abc"), "req_id"),
+    "a req_id that is not hex": (_exec(req_id="g" * 32), "req_id"),
+    "no kernel id": ({k: v for k, v in _exec().items() if k != "kernel_id"}, "kernel_id: missing"),
+    "an unknown mode": (_exec(mode="shell"), "mode"),
+    "a run_id of 65 characters": (_exec(run_id="r" * 65), "run_id"),
+    "a run_id with a slash": (_exec(run_id="../r1"), "run_id"),
+    "an empty run_id": (_exec(run_id=""), "run_id"),
+    "code over a megabyte of utf-8": (
+        _exec(code="é" * (protocol.EXEC_CODE_MAX // 2 + 1)),
+        "bytes of utf-8",
+    ),
+    "code that is not text": (_exec(code=["print(1)"]), "code"),
+    "an unknown option": (_exec(options={"env": {"A": "1"}}), "options: unknown field"),
+    "options that are not an object": (_exec(options="fast"), "options"),
+    "a build command over 64 KiB": (_exec(options={"build": "x" * (64 * 1024 + 1)}), "build"),
+    "an exec command that is not text": (_exec(options={"exec": 1}), "exec"),
+    "a timeout over a day": (_exec(options={"timeout": 86401}), "timeout"),
+    "a negative timeout": (_exec(options={"timeout": -1}), "timeout"),
+    "a boolean timeout": (_exec(options={"timeout": True}), "timeout"),
+    "a NaN timeout": (_exec(options={"timeout": float("nan")}), "timeout"),
+    "a negative cursor": (_exec(options={"cursor_pos": -1}), "cursor_pos"),
+    "a stream flag that is a string": (_exec(stream="yes"), "stream"),
+    "a flush too short": (_exec(flush=0.01), "flush"),
+    "a flush too long": (_exec(flush=6), "flush"),
+    "an unknown field": (_exec(env={}), "unknown field"),
+}
+
+
+@pytest.mark.parametrize("command, expected", EXEC_REFUSED.values(), ids=list(EXEC_REFUSED))
+def test_an_exec_command_out_of_bounds_is_refused_with_the_field_named(command, expected):
+    refusal = protocol.validate_command(command)
+    assert refusal is not None
+    assert refusal.startswith("exec.")
+    assert expected in refusal
+
+
+def _record(kind="stdout", data="x", mime=None):
+    return {"kind": kind, "data": data, "mime": mime}
+
+
+ANSWERS_VALID = {
+    "a finished run": _result(),
+    "a refusal": _result(run_id="", status="finished", exit_code=None, records=[], reason="no"),
+    "a png display": _result(records=[_record("display", "iVBORw0KGgo=", "image/png")]),
+    "completions": _result(run_id="", completions=["os", "operator"], records=[]),
+    "a timeout": _result(status=protocol.EXEC_TIMEOUT, exit_code=None),
+    "records of a megabyte": {
+        "type": protocol.EXEC_RECORDS,
+        "req_id": REQ,
+        "run_id": "r1",
+        "records": [_record(data="x" * 1024)] * 1024 + [_record("notice", "[output cut]")],
+    },
+}
+
+
+@pytest.mark.parametrize("message", ANSWERS_VALID.values(), ids=list(ANSWERS_VALID))
+def test_an_exec_answer_within_its_bounds_passes(message):
+    assert protocol.validate(message) is None
+
+
+ANSWERS_REFUSED = {
+    "an unknown status": (_result(status="crashed"), "status"),
+    "an exit code beyond int32": (_result(exit_code=2**31), "exit_code"),
+    "a boolean exit code": (_result(exit_code=False), "exit_code"),
+    "an unknown record kind": (_result(records=[_record("log")]), "records: [0].kind"),
+    "a record without data": (_result(records=[{"kind": "stdout", "mime": None}]), "data"),
+    "a record with an extra field": (_result(records=[{**_record(), "x": 1}]), "unknown"),
+    "a long mime type": (_result(records=[_record(mime="m" * 101)]), "mime"),
+    "too many records": (_result(records=[_record()] * 4097), "4097 items"),
+    "too much data in all": (
+        _result(records=[_record(data="x" * 1024 * 1024)] * 2),
+        "characters of data in all",
+    ),
+    "one record too big": (_result(records=[_record(data="x" * (2 * 1024 * 1024))]), "data"),
+    "too many completions": (_result(completions=["o"] * 1001), "completions"),
+    "a completion too long": (_result(completions=["o" * 1001]), "completions: [0]"),
+    "a completion that is not text": (_result(completions=[1]), "completions"),
+    "a long reason": (_result(reason="r" * 501), "reason"),
+    "a run_id with spaces": (_result(run_id="r 1"), "run_id"),
+    "records without a req_id": (
+        {"type": protocol.EXEC_RECORDS, "run_id": "r1", "records": []},
+        "req_id: missing",
+    ),
+    "records with a status": (
+        {"type": protocol.EXEC_RECORDS, "req_id": REQ, "run_id": "r", "records": [], "status": "x"},
+        "unknown field",
+    ),
+}
+
+
+@pytest.mark.parametrize("message, expected", ANSWERS_REFUSED.values(), ids=list(ANSWERS_REFUSED))
+def test_an_exec_answer_out_of_bounds_is_refused_with_the_field_named(message, expected):
+    refusal = protocol.validate(message)
+    assert refusal is not None
+    assert expected in refusal
+
+
+def test_an_exec_frame_of_a_megabyte_fully_escaped_fits_the_frame_limit():
+    records = [_record(data="\x01" * 1024)] * 1024
+    frame = json.dumps({**_result(records=records), "type": protocol.EXEC_RECORDS})
+    assert len(frame) <= protocol.max_frame_chars()
+    assert len(frame) > 4 * 1024 * 1024  # the exec frames are what raised it

@@ -1,0 +1,89 @@
+"""How ``bai`` shows things: aligned tables for people, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> None:
+    """Columns as wide as their widest cell; the last one is not padded."""
+    cells = [headers] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        padded = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
+        click.echo("  ".join([*padded, row[-1]]).rstrip())
+
+
+def _resources(slots: dict[str, Any]) -> str:
+    return " ".join(f"{slot}={amount}" for slot, amount in sorted(slots.items()))
+
+
+def _cluster(session: dict[str, Any]) -> str:
+    return f"{session['cluster_size']} ({session['cluster_mode']})"
+
+
+def sessions_table(sessions: list[dict[str, Any]]) -> None:
+    table(
+        ["ID", "NAME", "STATUS", "TYPE", "IMAGE", "CLUSTER", "APPS"],
+        [
+            [
+                s["id"],
+                s["name"],
+                s["status"],
+                s["type"],
+                s["image"],
+                _cluster(s),
+                ",".join(a["name"] for a in s.get("apps", [])),
+            ]
+            for s in sessions
+        ],
+    )
+
+
+def session_details(session: dict[str, Any]) -> None:
+    """The session, its status and why, then one line per kernel."""
+    fields = [
+        ("id", session["id"]),
+        ("name", session["name"]),
+        ("owner", session["owner"]),
+        ("type", session["type"]),
+        ("status", session["status"]),
+        ("reason", session["status_reason"]),
+        ("result", session["result"] if session["result"] != "UNDEFINED" else None),
+        ("exit code", session["exit_code"]),
+        ("image", session["image"]),
+        ("resource group", session["resource_group"]),
+        ("cluster", _cluster(session)),
+        ("resources", f"{_resources(session['resources'])} per kernel"),
+        ("mounts", ", ".join(session["mounts"])),
+        ("apps", ", ".join(a["name"] for a in session.get("apps", []))),
+        ("created", session["created_at"]),
+        ("started", session["started_at"]),
+        ("ended", session["terminated_at"]),
+    ]
+    width = max(len(label) for label, _ in fields)
+    for label, value in fields:
+        if value not in (None, ""):
+            click.echo(f"{label + ':':{width + 1}} {value}")
+    click.echo()
+    table(
+        ["KERNEL", "ROLE", "STATUS", "AGENT", "EXIT", "REASON"],
+        [
+            [
+                k["cluster_hostname"],
+                k["cluster_role"],
+                k["status"],
+                k["agent"],
+                k["exit_code"],
+                k["status_reason"],
+            ]
+            for k in session["kernels"]
+        ],
+    )

@@ -1,0 +1,298 @@
+"""Code execution in a session's main1 (the wire: ``agent/protocol.py``, EXEC).
+
+A request is checked here (its shape by ``specs.EXECUTE_SCHEMA``, its meaning
+per mode), authorised like every session endpoint (its owner or an admin; for
+anyone else there is no such session), refused for a batch session or one that
+is not RUNNING, and sent to main1's agent through the agent's gateway, which
+passes the agent's answers on to the channel that asked, and only to it.
+
+A query or batch run is recorded (``ExecutionRun``) when it is sent, under a
+run id of the manager's choosing when the user gave none; the row is closed
+when an answer says the run finished or timed out, and removed when the agent
+refused to start it. Neither the code nor its output is kept.
+
+``execute`` (REST) asks with ``stream: false`` and waits, on the event loop,
+for the one ``exec_result``: ``BAI_EXEC_FLUSH`` seconds and ``ANSWER_GRACE``
+more at most. The websocket (``consumers.ExecuteConsumer``) asks with ``stream:
+true`` and relays records as they come. Neither holds a thread or a database
+connection while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from agent import protocol
+
+from . import selectors
+from .errors import AgentTimeout, Conflict, InvalidInput
+from .loop import db, touch_later
+from .models import TERMINAL, ExecutionRun, RunMode, RunStatus, SessionType, Status
+from .specs import EXECUTE_SCHEMA, spec_errors
+
+logger = logging.getLogger(__name__)
+
+# Seconds a request waits for the agent beyond the flush it asked for.
+ANSWER_GRACE = 10.0
+STARTS_RUN = frozenset(RunMode.values)
+ENDS_RUN = frozenset({protocol.EXEC_FINISHED, protocol.EXEC_TIMEOUT})
+# Per mode: what it needs and what it takes.
+NEEDS_RUN_ID = {"continue": "to continue a run", "input": "to give a run its input"}
+TAKES_NO_CODE = ("continue", "interrupt")
+OPTION_MODES = {
+    "build": ("batch",),
+    "exec": ("batch",),
+    "timeout": ("query", "batch"),
+    "cursor_pos": ("complete",),
+}
+BATCH_SESSION = "this is a batch session; code runs in interactive sessions only"
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """A checked request: what main1's agent is asked."""
+
+    mode: str
+    code: str = ""
+    run_id: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def starts_run(self) -> bool:
+        return self.mode in STARTS_RUN
+
+
+@dataclass(frozen=True)
+class ExecTarget:
+    """Where a session's code runs, and whether asking counts as its owner's activity."""
+
+    session_id: str
+    kernel_id: str
+    agent_id: str
+    owner_id: int
+    owner_acts: bool
+
+
+# --- checks ------------------------------------------------------------------
+
+
+def exec_request(body: Any, *, max_code: int) -> ExecRequest:
+    """The request a body asks for, or InvalidInput naming every bad field."""
+    if not isinstance(body, dict):
+        raise InvalidInput("The body must be a JSON object.")
+    shape = spec_errors(body, EXECUTE_SCHEMA)
+    if shape:
+        raise _invalid(shape)
+    request = ExecRequest(
+        mode=body["mode"],
+        code=body.get("code") or "",
+        run_id=body.get("run_id"),
+        options=dict(body.get("options") or {}),
+    )
+    meaning = _meaning_errors(request, max_code)
+    if meaning:
+        raise _invalid(meaning)
+    if request.mode == "complete":
+        cursor = request.options.get("cursor_pos", len(request.code))
+        return replace(request, run_id=None, options={"cursor_pos": cursor})
+    if request.starts_run and request.run_id is None:
+        return replace(request, run_id=secrets.token_hex(8))
+    return request
+
+
+def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    mode = request.mode
+    size = len(request.code.encode("utf-8"))
+    if size > max_code:
+        errors["code"] = [f"{size} bytes of utf-8; the limit is {max_code} bytes"]
+    elif request.code and mode in TAKES_NO_CODE:
+        errors["code"] = [f"{mode} takes no code"]
+    if request.run_id is None and mode in NEEDS_RUN_ID:
+        errors["run_id"] = [f"is required {NEEDS_RUN_ID[mode]}"]
+    for name in request.options:
+        if mode not in OPTION_MODES[name]:
+            errors[f"options.{name}"] = [f"only {' and '.join(OPTION_MODES[name])} take it"]
+    if mode == "batch" and not request.options.get("exec"):
+        errors["options.exec"] = ["a batch run needs the command to run"]
+    cursor = request.options.get("cursor_pos")
+    if mode == "complete" and cursor is not None and cursor > len(request.code):
+        errors["options.cursor_pos"] = [
+            f"{cursor} is past the end of the code ({len(request.code)} characters)"
+        ]
+    return errors
+
+
+def max_request_chars() -> int:
+    """The largest request (a JSON body or websocket message) that can be valid:
+    code of ``BAI_EXEC_MAX_CODE`` bytes and a batch's two commands, with JSON
+    escaping a byte as up to 6 characters."""
+    return 6 * (settings.BAI_EXEC_MAX_CODE + 2 * protocol.EXEC_COMMAND_MAX) + 4096
+
+
+def _invalid(errors: dict[str, list[str]]) -> InvalidInput:
+    name, messages = next(iter(errors.items()))
+    return InvalidInput(f"{name}: {messages[0]}", errors)
+
+
+def exec_target(*, user: AbstractBaseUser, session_id: object) -> ExecTarget:
+    """main1 of a session the user may run code in: NotFound for anyone but its
+    owner or an admin, Conflict (with ``extra.status``) for a batch session or
+    one that is not RUNNING."""
+    session, main = selectors.get_session_main_for_user(user=user, session_id=session_id)
+    if session.session_type == SessionType.BATCH:
+        raise Conflict(BATCH_SESSION, {"status": session.status})
+    if session.status != Status.RUNNING or main.agent_id is None:
+        raise _not_running(session.status, session.status_reason)
+    return ExecTarget(
+        session_id=str(session.pk),
+        kernel_id=str(main.pk),
+        agent_id=main.agent_id,
+        owner_id=session.owner_id,
+        owner_acts=session.owner_id == user.pk,
+    )
+
+
+def _not_running(status: str, reason: str) -> Conflict:
+    if status in TERMINAL or status == Status.TERMINATING:
+        message = f"the session has ended ({status}: {reason}); code runs only in a running session"
+    else:
+        message = f"the session is not running yet ({status}); code runs once it is RUNNING"
+    return Conflict(message, {"status": status})
+
+
+# --- history -----------------------------------------------------------------
+
+
+def run_started(*, target: ExecTarget, user_id: int, request: ExecRequest) -> int | None:
+    """Record a query or batch run as it is sent; its row's id (None for other modes)."""
+    if not request.starts_run:
+        return None
+    run = ExecutionRun.objects.create(
+        session_id=target.session_id, user_id=user_id, mode=request.mode, run_id=request.run_id
+    )
+    logger.info("run %s (%s) sent to session %s", run.run_id, run.mode, target.session_id)
+    return run.pk
+
+
+def run_answered(*, session_id: str, started: int | None, answer: dict[str, Any]) -> None:
+    """Apply an answer to the history: a refused start leaves no row; a run that
+    finished or timed out is closed."""
+    if answer.get("reason") is not None:
+        if started is not None:
+            ExecutionRun.objects.filter(pk=started).delete()
+        return
+    if answer["status"] in ENDS_RUN and answer.get("run_id"):
+        ExecutionRun.objects.filter(
+            session_id=session_id, run_id=answer["run_id"], status=RunStatus.RUNNING
+        ).update(status=answer["status"], exit_code=answer["exit_code"], finished_at=timezone.now())
+
+
+def changes_history(answer: dict[str, Any], started: int | None) -> bool:
+    """Whether ``run_answered`` has anything to write for this answer."""
+    if answer.get("reason") is not None:
+        return started is not None
+    return answer.get("status") in ENDS_RUN
+
+
+def _begin(
+    *, user: AbstractBaseUser, session_id: object, request: ExecRequest
+) -> tuple[ExecTarget, int | None]:
+    target = exec_target(user=user, session_id=session_id)
+    return target, run_started(target=target, user_id=user.pk, request=request)
+
+
+# --- the agent ---------------------------------------------------------------
+
+
+def exec_command(*, target: ExecTarget, request: ExecRequest, stream: bool) -> dict[str, Any]:
+    """The wire command for main1's agent (``protocol.EXEC``), under a new request id."""
+    return {
+        "type": protocol.EXEC,
+        "req_id": uuid.uuid4().hex,
+        "kernel_id": target.kernel_id,
+        "mode": request.mode,
+        "run_id": request.run_id,
+        "code": request.code,
+        "options": request.options,
+        "stream": stream,
+        "flush": settings.BAI_EXEC_FLUSH,
+    }
+
+
+async def send_to_agent(target: ExecTarget, command: dict[str, Any], *, reply: str) -> None:
+    """Send through the agent's gateway, which passes its answers to ``reply``."""
+    await get_channel_layer().group_send(
+        protocol.agent_group(target.agent_id), protocol.gw_agent_command(command, reply=reply)
+    )
+
+
+async def _ask(target: ExecTarget, command: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    """The agent's ``exec_result`` for ``command``, waited for on a channel of its own."""
+    layer = get_channel_layer()
+    reply = await layer.new_channel()
+    try:
+        await send_to_agent(target, command, reply=reply)
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await layer.receive(reply)
+                if event.get("req_id") != command["req_id"]:
+                    continue
+                if event["type"] == protocol.GW_EXEC_LOST:
+                    raise AgentTimeout(f"{event['reason']}; try again", _run(command))
+                if event["type"] == protocol.GW_EXEC_RESULT:
+                    return event
+    except TimeoutError:
+        going = f"; run {command['run_id']} may still be going" if command["run_id"] else ""
+        raise AgentTimeout(
+            f"main1's agent did not answer within {timeout:g} s{going}; try again",
+            _run(command),
+        ) from None
+    finally:
+        delete_channel = getattr(layer, "delete_channel", None)
+        if delete_channel is not None:
+            await delete_channel(reply)
+
+
+def _run(command: dict[str, Any]) -> dict[str, Any]:
+    return {"run_id": command["run_id"]} if command["run_id"] else {}
+
+
+def answer_fields(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a user sees of an ``exec_result``: status, run id, exit code, and
+    completions when it answers a complete."""
+    shown = {key: answer.get(key) for key in ("status", "run_id", "exit_code")}
+    if answer.get("completions") is not None:
+        shown["completions"] = answer["completions"]
+    return shown
+
+
+# --- REST ----------------------------------------------------------------------
+
+
+async def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[str, Any]:
+    """Run (or continue, feed, interrupt, complete) code in a session's main1 and
+    answer with what the agent gathered: ``{"status", "run_id", "exit_code",
+    "records", "completions"?}``. InvalidInput, NotFound, Conflict (including the
+    agent's refusals, in its words) or AgentTimeout otherwise."""
+    request = exec_request(body, max_code=settings.BAI_EXEC_MAX_CODE)
+    target, started = await db(_begin)(user=user, session_id=session_id, request=request)
+    if target.owner_acts:
+        touch_later(target.session_id)
+    command = exec_command(target=target, request=request, stream=False)
+    answer = await _ask(target, command, timeout=settings.BAI_EXEC_FLUSH + ANSWER_GRACE)
+    if changes_history(answer, started):
+        await db(run_answered)(session_id=target.session_id, started=started, answer=answer)
+    if answer.get("reason") is not None:
+        raise Conflict(answer["reason"], _run(command))
+    return {**answer_fields(answer), "records": answer["records"]}

@@ -1,0 +1,83 @@
+"""What the async code of sessions_app shares (the browser websockets, the code
+runs' API): database work off the event loop, and session activity written in
+batches."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from channels.db import database_sync_to_async
+
+from . import services
+
+logger = logging.getLogger(__name__)
+
+# All the streams and runs of a process share one write of their sessions'
+# activity, at most this often.
+TOUCH_FLUSH_GAP = 1.0
+
+
+def db(func):  # type: ignore[no-untyped-def]
+    """ORM work in the shared thread pool: the single thread-sensitive executor
+    would queue every consumer of the process behind one call. SQLite (the
+    embedded default) takes one writer at a time whatever the thread, and its
+    in-memory test database refuses a second thread: it keeps the one thread.
+    Like every ``database_sync_to_async`` call, it gives its connection back
+    when done: nothing waits on the loop while holding one."""
+    from django.db import connection
+
+    return database_sync_to_async(func, thread_sensitive=connection.vendor == "sqlite")
+
+
+class _TouchBatch:
+    """The sessions with stream activity, written to the database together.
+
+    One per event loop (so one per daphne process): at most one write in flight
+    and at most one every ``TOUCH_FLUSH_GAP`` seconds, whatever the number of open
+    streams. It runs in the shared thread pool (``thread_sensitive=False``): the
+    single thread-sensitive executor is where every consumer of the process
+    would otherwise queue behind a database connect (CONN_MAX_AGE is 0).
+    """
+
+    def __init__(self) -> None:
+        self.pending: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+        self.last_flush = 0.0
+
+    def add(self, session_id: str) -> None:
+        self.pending.add(session_id)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.pending:
+            wait = self.last_flush + TOUCH_FLUSH_GAP - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            ids, self.pending = self.pending, set()
+            self.last_flush = time.monotonic()
+            try:
+                await db(_touch_sessions)(ids)
+            except Exception:  # noqa: BLE001 - activity is best effort; never kill a stream
+                logger.warning("touching sessions %s failed", sorted(ids), exc_info=True)
+
+
+def _touch_sessions(ids: set[str]) -> None:
+    for session_id in ids:
+        services.session_touch(session_id=session_id)
+
+
+_touch_batches: dict[asyncio.AbstractEventLoop, _TouchBatch] = {}
+
+
+def touch_later(session_id: str) -> None:
+    """Count activity on a session (idle timeout), written within ``TOUCH_FLUSH_GAP``."""
+    loop = asyncio.get_running_loop()
+    batch = _touch_batches.get(loop)
+    if batch is None:
+        for old in [old for old in _touch_batches if old.is_closed()]:
+            del _touch_batches[old]
+        batch = _touch_batches[loop] = _TouchBatch()
+    batch.add(session_id)

@@ -71,11 +71,15 @@ function askInput() {
   box.querySelector("input").focus();
 }
 
+const ended = new Set(); // runs whose end is shown (an interrupt's answer repeats it)
+
 function onResult(msg) {
   if (msg.status === "waiting-input") {
     askInput();
     return;
   }
+  if (ended.has(msg.run_id)) return;
+  ended.add(msg.run_id);
   const code = msg.exit_code === null || msg.exit_code === undefined ? "" : ` (exit code ${msg.exit_code})`;
   output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${msg.status}${code}`));
   $("c-input").hidden = true;

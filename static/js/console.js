@@ -14,6 +14,7 @@ const $ = (id) => document.getElementById(id);
 const ANSI = /\x1b\[[0-9;?]*[A-Za-z]/g;
 const MAX_NODES = 2000; // records kept on screen; older ones scroll away
 
+// running: a run is going (its id once the first answer names it, else "…").
 const state = { running: null, waiting: false, socket: null, sessionId: null };
 window.consoleState = state;
 
@@ -70,11 +71,15 @@ function askInput() {
   box.querySelector("input").focus();
 }
 
+const ended = new Set(); // runs whose end is shown (an interrupt's answer repeats it)
+
 function onResult(msg) {
   if (msg.status === "waiting-input") {
     askInput();
     return;
   }
+  if (ended.has(msg.run_id)) return;
+  ended.add(msg.run_id);
   const code = msg.exit_code === null || msg.exit_code === undefined ? "" : ` (exit code ${msg.exit_code})`;
   output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${msg.status}${code}`));
   $("c-input").hidden = true;
@@ -83,7 +88,11 @@ function onResult(msg) {
   loadHistory();
 }
 
+/** The run's id as the server named it ("" until then). */
+const runId = () => (state.running && state.running !== "…" ? state.running : undefined);
+
 function onMessage(msg) {
+  if (state.running && msg.run_id) setBusy(msg.run_id);
   if (msg.type === "records") showRecords(msg.records);
   else if (msg.type === "result") onResult(msg);
   else if (msg.type === "error") {
@@ -139,12 +148,12 @@ export function startConsole(s) {
   }
   $("c-code").addEventListener("keydown", runKeys);
   $("c-run").addEventListener("click", run);
-  $("c-interrupt").addEventListener("click", () => state.socket.send({ type: "interrupt", run_id: state.running }));
+  $("c-interrupt").addEventListener("click", () => state.socket.send({ type: "interrupt", run_id: runId() }));
   $("c-clear").addEventListener("click", () => $("c-output").replaceChildren());
   $("c-input").addEventListener("submit", (event) => {
     event.preventDefault();
     const line = $("c-input").querySelector("input").value;
-    state.socket.send({ type: "input", run_id: state.running, code: line });
+    state.socket.send({ type: "input", run_id: runId(), code: line });
     textRecord("stdout", `${line}\n`);
     $("c-input").hidden = true;
     state.waiting = false;

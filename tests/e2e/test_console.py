@@ -72,6 +72,8 @@ def test_code_runs_in_the_console_with_state_input_images_and_interrupt(
         "() => document.getElementById('c-output').textContent.includes('KeyboardInterrupt')"
     )
     page.wait_for_function("() => document.getElementById('c-run').disabled === false")
+    ends = out.locator("[data-kind=end]").all_inner_texts()
+    assert len(ends) == len(set(ends)) == 5, ends  # one end line a run, the interrupted one too
 
     history = page.locator("#c-history tr")
     page.wait_for_function("() => document.querySelectorAll('#c-history tr').length >= 5")

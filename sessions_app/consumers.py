@@ -37,6 +37,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 from django.conf import settings
 
 from agent import protocol
+from backendai_web.serve import code_run_limit
 from backendai_web.websockets import LoopDispatch
 from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
@@ -656,7 +657,7 @@ class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer)
             return
         self.user_id = user.pk
         self.pending: dict[str, int | None] = {}  # request id -> its run's row, if it started one
-        self.max_frame = execution.max_request_chars()
+        self.max_frame = code_run_limit()
         # The owner's status pushes say when the session ends under the runs.
         self.owner_group = protocol.user_group(target.owner_id)
         await self.channel_layer.group_add(self.owner_group, self.channel_name)

@@ -133,13 +133,6 @@ def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]
     return errors
 
 
-def max_request_chars() -> int:
-    """The largest request (a JSON body or websocket message) that can be valid:
-    code of ``BAI_EXEC_MAX_CODE`` bytes and a batch's two commands, with JSON
-    escaping a byte as up to 6 characters."""
-    return 6 * (settings.BAI_EXEC_MAX_CODE + 2 * protocol.EXEC_COMMAND_MAX) + 4096
-
-
 def _invalid(errors: dict[str, list[str]]) -> InvalidInput:
     name, messages = next(iter(errors.items()))
     return InvalidInput(f"{name}: {messages[0]}", errors)

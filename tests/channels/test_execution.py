@@ -91,6 +91,16 @@ async def runs_of(session) -> list[ExecutionRun]:
     return await sync_to_async(list)(ExecutionRun.objects.filter(session=session))
 
 
+async def runs_when(session, settled, timeout: float = 5) -> list[ExecutionRun]:
+    """The session's runs once ``settled(rows)`` holds (or as they are at the timeout)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not settled(rows := await runs_of(session)):
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    return rows
+
+
 async def connect_agent(agent_row) -> WebsocketCommunicator:
     comm = WebsocketCommunicator(
         application,
@@ -133,13 +143,7 @@ async def test_a_query_goes_to_main1s_agent_and_its_answer_comes_back(
     assert command["flush"] == 0.7 and command["options"] == {}
     assert re.fullmatch(r"[0-9a-f]{32}", command["req_id"])
     assert re.fullmatch(r"[0-9a-f]{16}", command["run_id"])  # the manager names the run
-    (row,) = await runs_of(running)
-    assert (row.run_id, row.mode, row.status, row.finished_at) == (
-        command["run_id"],
-        "query",
-        "running",
-        None,
-    )
+    assert await runs_of(running) == []  # recorded once the agent took it
 
     await answer(fake_agent, command, records=[stdout("42\n")])
     status, body = await request
@@ -151,8 +155,13 @@ async def test_a_query_goes_to_main1s_agent_and_its_answer_comes_back(
         "records": [stdout("42\n")],
     }
     (row,) = await runs_of(running)
-    assert (row.status, row.exit_code) == ("finished", 0)
-    assert row.finished_at is not None and row.user_id == alice.pk
+    assert (row.run_id, row.mode, row.status, row.exit_code) == (
+        command["run_id"],
+        "query",
+        "finished",
+        0,
+    )
+    assert row.user_id == alice.pk and row.started_at < row.finished_at
 
 
 async def test_a_long_run_is_continued_until_it_finishes_and_recorded_once(
@@ -423,6 +432,9 @@ async def test_a_silent_agent_gets_a_504_that_says_so(running, alice, fake_agent
         "going; try again"
     )
     assert body["extra"] == {"run_id": command["run_id"]}
+    # The run may be going: it is in the history as such.
+    (row,) = await runs_of(running)
+    assert (row.run_id, row.status, row.finished_at) == (command["run_id"], "running", None)
     # Its answer, once it comes, is still taken for the history (and dropped quietly).
     await answer(fake_agent, command)
     await no_frame_of(fake_agent, protocol.ERROR)
@@ -555,12 +567,9 @@ async def test_a_streamed_run_sends_records_as_they_come_then_its_result(
         "status": "finished",
         "exit_code": 0,
     }
-    for _ in range(50):
-        (row,) = await runs_of(running)
-        if row.status == "finished":
-            break
-        await asyncio.sleep(0.05)
-    assert (row.status, row.user_id) == ("finished", alice.pk)
+    # The stream writes the history off its path: the row follows shortly.
+    rows = await runs_when(running, lambda rows: [r.status for r in rows] == ["finished"])
+    assert (rows[0].run_id, rows[0].user_id, rows[0].exit_code) == (command["run_id"], alice.pk, 0)
     await comm.disconnect()
 
 
@@ -591,6 +600,9 @@ async def test_input_interrupt_and_completion_travel_over_the_websocket(running,
     assert (command["mode"], command["options"]) == ("complete", {"cursor_pos": 8})
     await answer(fake_agent, command, run_id="", exit_code=None, completions=["os"])
     assert (await comm.receive_json_from(timeout=5))["completions"] == ["os"]
+    # One run in the history: started by the query, closed by the interrupt's answer.
+    rows = await runs_when(running, lambda rows: [r.status for r in rows] == ["finished"])
+    assert [(r.run_id, r.status, r.exit_code) for r in rows] == [("r7", "finished", 1)]
     await comm.disconnect()
 
 
@@ -617,11 +629,7 @@ async def test_the_websocket_says_why_it_refuses_a_request_and_stays_open(
     assert reply == {"type": "error", "message": "no run r9 in this session"}
     await comm.send_json_to({"type": "ping"})
     assert (await comm.receive_json_from(timeout=5))["type"] == "pong"
-    for _ in range(50):
-        if not await runs_of(running):
-            break
-        await asyncio.sleep(0.05)
-    assert await runs_of(running) == []
+    assert await runs_of(running) == []  # a refused start leaves no run
     await comm.disconnect()
 
 

@@ -27,7 +27,15 @@ from sessions_app import consumers, execution, services
 from sessions_app.models import ExecutionRun, Kernel, Session, Status
 from sessions_app.tokens import token_create
 
-from .helpers import browser, frame_of, no_frame_of, refused, running_session
+from .helpers import (
+    active_since,
+    browser,
+    frame_of,
+    no_frame_of,
+    refused,
+    registered_agent,
+    running_session,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("channel_prefix")]
 
@@ -99,29 +107,6 @@ async def runs_when(session, settled, timeout: float = 5) -> list[ExecutionRun]:
             break
         await asyncio.sleep(0.05)
     return rows
-
-
-async def connect_agent(agent_row) -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(
-        application,
-        "/ws/agent/",
-        headers=[(b"authorization", f"Token {agent_row.plain_token}".encode())],
-    )
-    assert (await comm.connect())[0]
-    await comm.send_json_to(
-        {
-            "type": protocol.REGISTER,
-            "protocol": protocol.PROTOCOL_VERSION,
-            "hostname": "node-b",
-            "backend": "docker",
-            "slots": {"cpu": "8", "mem": str(2**30)},
-            "labels": {},
-            "version": "test",
-            "kernels": [],
-        }
-    )
-    assert (await comm.receive_json_from(timeout=5))["type"] == protocol.REGISTERED
-    return comm
 
 
 # --- REST: the round trip and the history ------------------------------------
@@ -300,12 +285,7 @@ async def test_every_request_of_the_owner_counts_as_activity(running, alice, fak
     request = execute(running, await token_of(alice), {"mode": "interrupt"})
     await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC), run_id="")
     assert (await request)[0] == 200
-    for _ in range(60):
-        session = await sync_to_async(Session.objects.get)(pk=running.pk)
-        if session.last_activity_at > long_ago:
-            break
-        await asyncio.sleep(0.05)
-    assert session.last_activity_at > long_ago
+    assert await active_since(running, long_ago)
 
 
 async def test_code_runs_in_interactive_sessions_only(alice, image, agent, fake_agent):
@@ -472,7 +452,7 @@ async def test_an_agent_cannot_answer_a_request_sent_to_another_agent(
     running, alice, fake_agent, make_agent
 ):
     other = await sync_to_async(make_agent)("agent-2")
-    intruder = await connect_agent(other)
+    intruder = await registered_agent(other.plain_token)
     request = execute(running, await token_of(alice), {"mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)
     await answer(intruder, command, records=[stdout("forged\n")])
@@ -663,7 +643,7 @@ async def test_an_agent_cannot_stream_into_another_agents_request(
     running, alice, fake_agent, make_agent
 ):
     other = await sync_to_async(make_agent)("agent-2")
-    intruder = await connect_agent(other)
+    intruder = await registered_agent(other.plain_token)
     comm = await open_runs(running, alice)
     await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)

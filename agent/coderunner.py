@@ -48,6 +48,7 @@ KILL_GRACE = 2.0
 PIPE_GRACE = 1.0  # how long a finished batch command's pipes may stay open (background jobs)
 POLL_MS = 100
 KERNEL_NAME = "bai-python3"
+SOCKET_DIR_MAX = 64  # the parent of the runner's directory, so that socket paths fit 107 bytes
 # ipykernel catches SystemExit and warns; the runner reports the exit code instead.
 SETUP = (
     "import warnings as _w\n"
@@ -160,10 +161,13 @@ class Kernel:
         from jupyter_client import KernelManager
 
         self.zmq = zmq
-        # IPC sockets in a private directory: no port for anyone else on the host.
-        self.km = KernelManager(
-            kernel_name=KERNEL_NAME, transport="ipc", ip=os.path.join(workdir, f"k{generation}")
-        )
+        # IPC sockets in a private directory: no port for anyone else on the host (TCP on
+        # loopback, guarded by the session key, only when no short directory was found).
+        if len(workdir) <= SOCKET_DIR_MAX + 20:
+            where = {"transport": "ipc", "ip": os.path.join(workdir, f"k{generation}")}
+        else:
+            where = {"transport": "tcp", "ip": "127.0.0.1"}
+        self.km = KernelManager(kernel_name=KERNEL_NAME, **where)
         self.km.connection_file = os.path.join(workdir, f"kernel-{generation}.json")
         env = {k: v for k, v in os.environ.items() if k != "JUPYTER_PATH"}
         env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
@@ -600,6 +604,16 @@ class Runner:
         self.stop_kernel()
 
 
+def private_dir():
+    """A new directory only this user can enter (0700): the kernel's sockets live there.
+    Unix socket paths hold at most 107 bytes, so a short parent is preferred."""
+    parents = [tempfile.gettempdir(), "/tmp", "/dev/shm", os.getcwd()]
+    for parent in parents:
+        if len(parent) <= SOCKET_DIR_MAX and os.access(parent, os.W_OK | os.X_OK):
+            return tempfile.mkdtemp(prefix="bai-runner-", dir=parent)
+    return tempfile.mkdtemp(prefix="bai-runner-")
+
+
 def write_kernel_spec(workdir):
     """A kernel spec for this python, found through JUPYTER_PATH (the runner's only)."""
     folder = os.path.join(workdir, "kernels", KERNEL_NAME)
@@ -621,7 +635,7 @@ def main():
     if missing:
         send({"type": "unavailable", "reason": f"{sys.executable} lacks {', '.join(missing)}"})
         return
-    workdir = tempfile.mkdtemp(prefix="bai-runner-")  # 0700: the kernel's sockets live here
+    workdir = private_dir()
     runner = Runner(workdir)
     try:
         write_kernel_spec(workdir)

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 RUNNER_SOURCE = Path(__file__).with_name("coderunner.py").read_text()
 RUNNER_LINE_MAX = 8 * 1024 * 1024  # a records line holds at most one 1 MiB record, escaped
+RUNNER_INPUT_MAX = 4 * 1024 * 1024  # commands queued for a runner that does not read them
 RUNNER_START_TIMEOUT = 90.0
 COMPLETE_TIMEOUT = 5.0
 RECORD_MERGE_MAX = 64 * 1024  # adjacent stdout (stderr) records are joined up to this size
@@ -189,6 +190,7 @@ class KernelRunner:
         self.queued: dict[str, Any] | None = None  # a run to send once ready
         self.completions: dict[int, asyncio.Future[list[str]]] = {}
         self.ids = itertools.count(1)
+        self.warned = False
 
     async def start(self) -> None:
         """Start the runner and learn whether it can run code; never raises."""
@@ -215,8 +217,19 @@ class KernelRunner:
             _in_background(self.close())
 
     def _send(self, message: dict[str, Any]) -> None:
-        if self.channel is not None:
-            self.channel.write(json.dumps(message, ensure_ascii=False).encode() + b"\n")
+        channel = self.channel
+        if channel is None:
+            return
+        if len(getattr(channel, "out", b"")) > RUNNER_INPUT_MAX:  # it stopped reading
+            self._warn("the code runner does not read its input: a command was dropped")
+            return
+        channel.write(json.dumps(message, ensure_ascii=False).encode() + b"\n")
+
+    def _warn(self, what: str) -> None:
+        """Log a runner's misbehaviour once: it is the kernel's to repeat at will."""
+        if not self.warned:
+            self.warned = True
+            log.warning("kernel %s: %s (further ones are not logged)", self.kernel_id, what)
 
     # --- what the runner says -----------------------------------------------------
 
@@ -226,14 +239,17 @@ class KernelRunner:
                 message = json.loads(line)
                 self._on_message(message)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                log.warning("kernel %s: a bad line from the code runner (%r)", self.kernel_id, exc)
+                self._warn(f"a bad line from the code runner ({exc!r})"[:300])
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         run = self.run
         mine = run is not None and message.get("run_id") == run.run_id
         if kind == "records" and mine:
-            for record in message["records"]:
+            records = message["records"]
+            if not isinstance(records, list):
+                raise TypeError("records that are not a list")
+            for record in records:
                 self._keep(run, record)
         elif kind == "waiting" and mine and run.live:
             run.end(protocol.EXEC_WAITING_INPUT, None)
@@ -248,8 +264,9 @@ class KernelRunner:
             run.end(status, code if status == protocol.EXEC_FINISHED else None)
         elif kind == "completions":
             future = self.completions.pop(message["id"], None)
-            if future is not None and not future.done():
-                future.set_result([m for m in message["matches"] if isinstance(m, str)])
+            matches = message["matches"]
+            if future is not None and not future.done() and isinstance(matches, list):
+                future.set_result([m for m in matches if isinstance(m, str)])
         elif kind == "ready" and self.state == "starting":
             self.state = "ready"
             self.known.set()
@@ -266,9 +283,7 @@ class KernelRunner:
     def _keep(self, run: Run, record: Any) -> None:
         refusal = protocol.record_refusal(protocol.EXEC_RECORD, record)
         if refusal:
-            log.warning(
-                "kernel %s: dropped a record from the code runner: %s", self.kernel_id, refusal
-            )
+            self._warn(f"dropped a record from the code runner: {refusal}")
             return
         run.add(record)
 
@@ -384,6 +399,10 @@ class Execution:
                 await self._deliver(msg, run)
         except Refused as exc:
             self._result(msg, msg.get("run_id") or "", protocol.EXEC_FINISHED, reason=str(exc))
+        except Exception:
+            log.exception("exec %s on kernel %s failed", msg["req_id"], msg["kernel_id"])
+            reason = "the agent could not carry out this request (see its log)"
+            self._result(msg, msg.get("run_id") or "", protocol.EXEC_FINISHED, reason=reason)
 
     def _runner(self, kernel_id: str) -> KernelRunner:
         """The kernel's runner, started on first use (or after the last one stopped)."""

@@ -442,16 +442,23 @@ def record_refusal(fields: Mapping[str, Field], value: Any, *, skip: str = "") -
     return None
 
 
-def list_of(fields: Mapping[str, Field], max_items: int) -> Rule:
+def list_of(item: Mapping[str, Field] | Rule, max_items: int) -> Rule:
+    """A list of at most ``max_items`` records of these fields, or values of this rule."""
+
     def check(value: Any) -> str | None:
         if not isinstance(value, list):
             return f"must be a list, not {_shown(value)}"
         if len(value) > max_items:
             return f"{len(value)} items (at most {max_items})"
-        for index, item in enumerate(value):
-            refusal = record_refusal(fields, item)
-            if refusal:
-                return f"[{index}].{refusal}"
+        for index, entry in enumerate(value):
+            if callable(item):
+                refusal = item(entry)
+                if refusal:
+                    return f"[{index}]: {refusal}"
+            else:
+                refusal = record_refusal(item, entry)
+                if refusal:
+                    return f"[{index}].{refusal}"
         return None
 
     return check
@@ -484,23 +491,6 @@ def utf8_text(max_bytes: int) -> Rule:
             return refusal
         size = len(value.encode())
         return f"{size} bytes of utf-8 (at most {max_bytes})" if size > max_bytes else None
-
-    return check
-
-
-def _list_of_text(max_items: int, max_chars: int) -> Rule:
-    item = text(max_chars)
-
-    def check(value: Any) -> str | None:
-        if not isinstance(value, list):
-            return f"must be a list, not {_shown(value)}"
-        if len(value) > max_items:
-            return f"{len(value)} items (at most {max_items})"
-        for index, entry in enumerate(value):
-            refusal = item(entry)
-            if refusal:
-                return f"[{index}]: {refusal}"
-        return None
 
     return check
 
@@ -579,7 +569,7 @@ AGENT_MESSAGES: dict[str, dict[str, Field]] = {
         "status": Field(text(16, choices=EXEC_STATUSES), required=True),
         "exit_code": Field(integer(EXIT_CODE_MIN, EXIT_CODE_MAX), nullable=True),
         "completions": Field(
-            _list_of_text(EXEC_COMPLETIONS_MAX, EXEC_COMPLETION_MAX), nullable=True
+            list_of(text(EXEC_COMPLETION_MAX), EXEC_COMPLETIONS_MAX), nullable=True
         ),
         "reason": Field(text(REASON_MAX), nullable=True),
     },

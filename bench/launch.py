@@ -93,7 +93,7 @@ def start_system(
             [
                 py,
                 "-m",
-                "daphne",
+                "backendai_web.serve",
                 "-b",
                 "127.0.0.1",
                 "-p",

@@ -128,7 +128,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "daphne",
+                "backendai_web.serve",
                 "-b",
                 "127.0.0.1",
                 "-p",

@@ -37,6 +37,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 from django.conf import settings
 
 from agent import protocol
+from backendai_web.serve import code_run_limit
 from backendai_web.websockets import LoopDispatch
 from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
@@ -655,8 +656,9 @@ class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer)
             await self.refuse(CLOSE_GONE if ended else CLOSE_NOT_READY, exc.message)
             return
         self.user_id = user.pk
-        self.pending: dict[str, int | None] = {}  # request id -> its run's row, if it started one
-        self.max_frame = execution.max_request_chars()
+        self.pending: dict[str, execution.Sent] = {}  # by request id
+        self.history: asyncio.Task[None] | None = None
+        self.max_frame = code_run_limit()
         # The owner's status pushes say when the session ends under the runs.
         self.owner_group = protocol.user_group(target.owner_id)
         await self.channel_layer.group_add(self.owner_group, self.channel_name)
@@ -687,21 +689,20 @@ class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer)
             await self._error(exc.message)
             return
         self.touch_soon()
-        started = await db(execution.run_started)(
-            target=self.target, user_id=self.user_id, request=request
-        )
         command = execution.exec_command(target=self.target, request=request, stream=True)
-        self.pending[command["req_id"]] = started
+        self.pending[command["req_id"]] = execution.Sent(request)
         await execution.send_to_agent(self.target, command, reply=self.channel_name)
 
     async def exec_records(self, event: dict[str, Any]) -> None:
-        if event["req_id"] in self.pending:
+        sent = self.pending.get(event["req_id"])
+        if sent is not None:
             await self._records(event)
+            self._record(sent, event)
 
     async def exec_result(self, event: dict[str, Any]) -> None:
-        if event["req_id"] not in self.pending:
+        sent = self.pending.pop(event["req_id"], None)
+        if sent is None:
             return
-        started = self.pending.pop(event["req_id"])
         if event.get("reason") is not None:
             await self._error(event["reason"])
         else:
@@ -709,15 +710,29 @@ class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer)
                 await self._records(event)
             result = {"type": "result", **execution.answer_fields(event)}
             await self.send(text_data=json.dumps(result))
-        if execution.changes_history(event, started):
-            await db(execution.run_answered)(
-                session_id=self.session_id, started=started, answer=event
-            )
+        self._record(sent, event)
 
     async def exec_lost(self, event: dict[str, Any]) -> None:
-        if event["req_id"] in self.pending:
-            del self.pending[event["req_id"]]
+        sent = self.pending.pop(event["req_id"], None)
+        if sent is not None:
             await self._error(event["reason"])
+            self._record(sent, None)
+
+    def _record(self, sent: execution.Sent, answer: dict[str, Any] | None) -> None:
+        """Write what an answer changes in the history after what came before,
+        off the stream's path (the next request need not wait for it)."""
+        change = sent.history_change(answer)
+        if change is None:
+            return
+        write = db(execution.run_record)
+        target, user_id, previous = self.target, self.user_id, self.history
+
+        async def in_order() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await write(target=target, user_id=user_id, sent=sent, answer=answer, change=change)
+
+        self.history = asyncio.create_task(in_order())
 
     async def _records(self, event: dict[str, Any]) -> None:
         await self.send(

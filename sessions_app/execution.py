@@ -6,10 +6,11 @@ anyone else there is no such session), refused for a batch session or one that
 is not RUNNING, and sent to main1's agent through the agent's gateway, which
 passes the agent's answers on to the channel that asked, and only to it.
 
-A query or batch run is recorded (``ExecutionRun``) when it is sent, under a
-run id of the manager's choosing when the user gave none; the row is closed
-when an answer says the run finished or timed out, and removed when the agent
-refused to start it. Neither the code nor its output is kept.
+A query or batch run is recorded (``ExecutionRun``) under a run id of the
+manager's choosing when the user gave none, from the time it was sent: at its
+first answer (or, when none came, as a run that may be going), and closed when
+an answer says it finished or timed out; a run the agent refused to start
+leaves no row. Neither the code nor its output is kept.
 
 ``execute`` (REST) asks with ``stream: false`` and waits, on the event loop,
 for the one ``exec_result``: ``BAI_EXEC_FLUSH`` seconds and ``ANSWER_GRACE``
@@ -25,6 +26,7 @@ import logging
 import secrets
 import uuid
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -133,13 +135,6 @@ def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]
     return errors
 
 
-def max_request_chars() -> int:
-    """The largest request (a JSON body or websocket message) that can be valid:
-    code of ``BAI_EXEC_MAX_CODE`` bytes and a batch's two commands, with JSON
-    escaping a byte as up to 6 characters."""
-    return 6 * (settings.BAI_EXEC_MAX_CODE + 2 * protocol.EXEC_COMMAND_MAX) + 4096
-
-
 def _invalid(errors: dict[str, list[str]]) -> InvalidInput:
     name, messages = next(iter(errors.items()))
     return InvalidInput(f"{name}: {messages[0]}", errors)
@@ -149,17 +144,17 @@ def exec_target(*, user: AbstractBaseUser, session_id: object) -> ExecTarget:
     """main1 of a session the user may run code in: NotFound for anyone but its
     owner or an admin, Conflict (with ``extra.status``) for a batch session or
     one that is not RUNNING."""
-    session, main = selectors.get_session_main_for_user(user=user, session_id=session_id)
-    if session.session_type == SessionType.BATCH:
-        raise Conflict(BATCH_SESSION, {"status": session.status})
-    if session.status != Status.RUNNING or main.agent_id is None:
-        raise _not_running(session.status, session.status_reason)
+    facts = selectors.session_main_facts_for_user(user=user, session_id=session_id)
+    if facts["session_type"] == SessionType.BATCH:
+        raise Conflict(BATCH_SESSION, {"status": facts["status"]})
+    if facts["status"] != Status.RUNNING or facts["agent_id"] is None:
+        raise _not_running(facts["status"], facts["status_reason"])
     return ExecTarget(
-        session_id=str(session.pk),
-        kernel_id=str(main.pk),
-        agent_id=main.agent_id,
-        owner_id=session.owner_id,
-        owner_acts=session.owner_id == user.pk,
+        session_id=str(facts["session_id"]),
+        kernel_id=str(facts["kernel_id"]),
+        agent_id=facts["agent_id"],
+        owner_id=facts["owner_id"],
+        owner_acts=facts["owner_id"] == user.pk,
     )
 
 
@@ -174,42 +169,62 @@ def _not_running(status: str, reason: str) -> Conflict:
 # --- history -----------------------------------------------------------------
 
 
-def run_started(*, target: ExecTarget, user_id: int, request: ExecRequest) -> int | None:
-    """Record a query or batch run as it is sent; its row's id (None for other modes)."""
-    if not request.starts_run:
+@dataclass
+class Sent:
+    """A request on its way: what it asked, when, and whether its run has a row yet."""
+
+    request: ExecRequest
+    sent_at: datetime = field(default_factory=timezone.now)
+    recorded: bool = False
+
+    def history_change(self, answer: dict[str, Any] | None) -> str | None:
+        """What ``answer`` (an ``exec_result`` or ``exec_records``; None when
+        none came) changes in the history: "create" the run's row (its first
+        answer), "close" it (it ended), or nothing (None)."""
+        if answer is not None and answer.get("reason") is not None:
+            return None  # refused: no run started
+        if self.request.starts_run and not self.recorded:
+            self.recorded = True
+            return "create"
+        if answer is not None and answer.get("status") in ENDS_RUN:
+            return "close"
         return None
-    run = ExecutionRun.objects.create(
-        session_id=target.session_id, user_id=user_id, mode=request.mode, run_id=request.run_id
-    )
-    logger.info("run %s (%s) sent to session %s", run.run_id, run.mode, target.session_id)
-    return run.pk
 
 
-def run_answered(*, session_id: str, started: int | None, answer: dict[str, Any]) -> None:
-    """Apply an answer to the history: a refused start leaves no row; a run that
-    finished or timed out is closed."""
-    if answer.get("reason") is not None:
-        if started is not None:
-            ExecutionRun.objects.filter(pk=started).delete()
-        return
-    if answer["status"] in ENDS_RUN and answer.get("run_id"):
+def run_record(
+    *,
+    target: ExecTarget,
+    user_id: int,
+    sent: Sent,
+    answer: dict[str, Any] | None,
+    change: str,
+) -> None:
+    """Apply ``Sent.history_change``: a run's row is made at its first answer
+    (or, when none came, as a run that may be going), so a refused start leaves
+    none; an answer that says the run finished or timed out closes it."""
+    status = (answer or {}).get("status")
+    ended = status in ENDS_RUN
+    fields = {
+        "status": status if ended else RunStatus.RUNNING,
+        "exit_code": answer["exit_code"] if answer and ended else None,
+        "finished_at": timezone.now() if ended else None,
+    }
+    if change == "create":
+        ExecutionRun.objects.create(
+            session_id=target.session_id,
+            user_id=user_id,
+            mode=sent.request.mode,
+            run_id=sent.request.run_id,
+            started_at=sent.sent_at,
+            **fields,
+        )
+        logger.info(
+            "run %s (%s) in session %s", sent.request.run_id, sent.request.mode, target.session_id
+        )
+    elif answer is not None:
         ExecutionRun.objects.filter(
-            session_id=session_id, run_id=answer["run_id"], status=RunStatus.RUNNING
-        ).update(status=answer["status"], exit_code=answer["exit_code"], finished_at=timezone.now())
-
-
-def changes_history(answer: dict[str, Any], started: int | None) -> bool:
-    """Whether ``run_answered`` has anything to write for this answer."""
-    if answer.get("reason") is not None:
-        return started is not None
-    return answer.get("status") in ENDS_RUN
-
-
-def _begin(
-    *, user: AbstractBaseUser, session_id: object, request: ExecRequest
-) -> tuple[ExecTarget, int | None]:
-    target = exec_target(user=user, session_id=session_id)
-    return target, run_started(target=target, user_id=user.pk, request=request)
+            session_id=target.session_id, run_id=answer["run_id"], status=RunStatus.RUNNING
+        ).update(**fields)
 
 
 # --- the agent ---------------------------------------------------------------
@@ -286,13 +301,19 @@ async def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> d
     "records", "completions"?}``. InvalidInput, NotFound, Conflict (including the
     agent's refusals, in its words) or AgentTimeout otherwise."""
     request = exec_request(body, max_code=settings.BAI_EXEC_MAX_CODE)
-    target, started = await db(_begin)(user=user, session_id=session_id, request=request)
+    target = await db(exec_target)(user=user, session_id=session_id)
     if target.owner_acts:
         touch_later(target.session_id)
     command = exec_command(target=target, request=request, stream=False)
-    answer = await _ask(target, command, timeout=settings.BAI_EXEC_FLUSH + ANSWER_GRACE)
-    if changes_history(answer, started):
-        await db(run_answered)(session_id=target.session_id, started=started, answer=answer)
+    sent = Sent(request)
+    answer: dict[str, Any] | None = None
+    try:
+        answer = await _ask(target, command, timeout=settings.BAI_EXEC_FLUSH + ANSWER_GRACE)
+    finally:
+        if change := sent.history_change(answer):
+            await db(run_record)(
+                target=target, user_id=user.pk, sent=sent, answer=answer, change=change
+            )
     if answer.get("reason") is not None:
         raise Conflict(answer["reason"], _run(command))
     return {**answer_fields(answer), "records": answer["records"]}

@@ -11,10 +11,10 @@ from itertools import accumulate
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from . import execution
+from backendai_web.serve import code_run_limit
 
 # The one endpoint whose bodies may be larger than BAI_MAX_BODY_BYTES: code of up
-# to BAI_EXEC_MAX_CODE bytes (``execution.max_request_chars``).
+# to BAI_EXEC_MAX_CODE bytes (``backendai_web.serve.code_run_limit``).
 _EXECUTE_PATH = re.compile(r"/api/v1/sessions/[^/]+/execute/")
 
 
@@ -29,7 +29,7 @@ class BodySizeLimitMiddleware:
         except ValueError:
             length = 0
         if limit is not None and length > limit and _EXECUTE_PATH.fullmatch(request.path):
-            limit = max(limit, execution.max_request_chars())
+            limit = max(limit, code_run_limit())
             if length <= limit:
                 _read_body(request)
         if limit is not None and length > limit and request.path.startswith("/api/"):

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Prefetch, Q, QuerySet, TextField
+from django.db.models import Count, F, Prefetch, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from bai_common import units
@@ -59,12 +59,15 @@ def as_uuid(value: object) -> uuid.UUID | None:
         return None
 
 
+def _visible(qs: QuerySet[Any], user: AbstractBaseUser, owner: str = "owner") -> QuerySet[Any]:
+    """The one ownership rule: admins see every session, anyone else their own."""
+    return qs if user.is_staff else qs.filter(**{owner: user})
+
+
 def get_session_for_user(*, user: AbstractBaseUser, session_id: object) -> Session:
     """The one ownership check: another user's session is simply not found."""
     pk = as_uuid(session_id)
-    qs = Session.objects.select_related("image", "resource_group", "owner")
-    if not user.is_staff:
-        qs = qs.filter(owner=user)
+    qs = _visible(Session.objects.select_related("image", "resource_group", "owner"), user)
     session = qs.filter(pk=pk).first() if pk else None
     if session is None:
         raise NotFound("No such session.")
@@ -95,6 +98,32 @@ def get_session_main_for_user(
     if main is None:
         raise NotFound("This session has no main kernel.")
     return session, main
+
+
+def session_main_facts_for_user(*, user: AbstractBaseUser, session_id: object) -> dict[str, Any]:
+    """What a code run checks of a visible session and its main1, in one query
+    (it is on every run's path): ``session_id``, ``kernel_id``, ``agent_id``,
+    ``status``, ``status_reason``, ``session_type``, ``owner_id``."""
+    pk = as_uuid(session_id)
+    main = Session.objects.filter(pk=pk, kernels__cluster_role="main")
+    row = (
+        _visible(main, user)
+        .values(
+            "status",
+            "status_reason",
+            "session_type",
+            "owner_id",
+            session_id=F("pk"),
+            kernel_id=F("kernels__pk"),
+            agent_id=F("kernels__agent_id"),
+        )
+        .first()
+        if pk
+        else None
+    )
+    if row is None:
+        raise NotFound("No such session.")
+    return row
 
 
 def session_runs(*, session: Session) -> QuerySet[ExecutionRun]:

@@ -1,7 +1,7 @@
 """A live system for tests: daphne serving the test database in a child
 process, and real agent processes dialling it.
 
-The server is a fresh ``python -m daphne`` (never a fork of the test process:
+The server is a fresh ``python -m backendai_web.serve`` (daphne; never a fork of the test process:
 a fork would inherit asgiref's executor threads without their threads, and
 hang). It gets the test's settings through the environment: the test database,
 Celery eager (a session created through the API is scheduled inline, after
@@ -112,7 +112,7 @@ class LiveSystem:
             [
                 sys.executable,
                 "-m",
-                "daphne",
+                "backendai_web.serve",
                 "-b",
                 "127.0.0.1",
                 "-p",

@@ -705,15 +705,7 @@ class RunnerChannel(SocketChannel):
 
     async def ended(self) -> None:
         # It shuts its kernel down when its input ends; past the grace it is killed.
-        await asyncio.to_thread(self._reap)
-
-    def _reap(self) -> None:
-        try:
-            self.proc.wait(timeout=KILL_GRACE)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        await asyncio.to_thread(_reap_group, self.proc)
 
 
 class PtyChannel(FdChannel):
@@ -743,12 +735,14 @@ class PtyChannel(FdChannel):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGHUP)
         os.close(self.master)
-        await asyncio.to_thread(self._reap)
+        await asyncio.to_thread(_reap_group, self.proc)
 
-    def _reap(self) -> None:
-        try:
-            self.proc.wait(timeout=KILL_GRACE)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+
+def _reap_group(proc: subprocess.Popen) -> None:
+    """Wait for a process that leads its group; past the grace, kill the whole group."""
+    try:
+        proc.wait(timeout=KILL_GRACE)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -7,6 +7,7 @@ import base64
 import inspect
 import json
 import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -238,3 +239,124 @@ def peak_rss() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def size_shown(limit: int) -> str:
+    return f"{limit // 1024**2} MiB" if limit % 1024**2 == 0 else f"{limit // 1024} KiB"
+
+
+class CodeExecutionOnEveryBackend:
+    """What code execution does whatever the backend: a test module subclasses it as
+    ``TestCodeExecution`` and provides a module-wide ``runs`` fixture (one kernel and its
+    runner) and the output limit its agent was given."""
+
+    limit = 1024 * 1024  # the agent's exec_output_limit in that module
+    stream = False  # whether the 50 MB burst is streamed or fetched with continues
+
+    async def test_state_persists_from_one_run_to_the_next(self, runs: Runs) -> None:
+        first, _ = await runs.run("x = 41")  # the first run starts the runner
+        answer, records = await runs.run("x + 1")
+        assert (first["status"], first["exit_code"]) == ("finished", 0)
+        assert (answer["status"], answer["exit_code"]) == ("finished", 0)
+        assert records == [{"kind": "result", "data": "42", "mime": "text/plain"}]
+        assert answer["run_id"] != first["run_id"] and len(answer["run_id"]) == 16
+
+    async def test_a_run_waiting_for_input_gets_the_line_and_goes_on(self, runs: Runs) -> None:
+        answer, records = await runs.run("name = input('Name: ')\nprint('hi', name)")
+        assert (answer["status"], answer["exit_code"], text(records)) == (
+            "waiting-input",
+            None,
+            "Name: ",
+        )
+        answer, records = await runs.run("Ada", mode="input", run_id=answer["run_id"])
+        assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "hi Ada\n")
+
+    async def test_a_ten_second_run_comes_in_pieces_to_its_end(self, runs: Runs) -> None:
+        """Streamed as it prints, or answered about every flush while it is continued."""
+        code = "import time\nfor i in range(10):\n    print(i, flush=True)\n    time.sleep(1)\n"
+        started = time.monotonic()
+        answers = [await runs.ask("query", code, stream=self.stream, flush=1.5, timeout=30)]
+        while answers[-1]["status"] == "continued":
+            answers.append(await runs.ask("continue", run_id=answers[-1]["run_id"], flush=1.5))
+        pieces = [
+            frame
+            for frame in runs.frames.seen
+            if frame.get("type") in (protocol.EXEC_RECORDS, protocol.EXEC_RESULT)
+            and frame["run_id"] == answers[0]["run_id"]
+            and frame["records"]
+        ]
+        assert time.monotonic() - started >= 9
+        assert len(pieces) >= 5  # sent as they came, not once at the end
+        assert text([r for a in answers for r in a["records"]]) == "".join(
+            f"{i}\n" for i in range(10)
+        )
+        assert (answers[-1]["status"], answers[-1]["exit_code"]) == ("finished", 0)
+
+    async def test_an_endless_loop_is_interrupted(self, runs: Runs) -> None:
+        answer = await runs.ask("query", "while True: pass", flush=0.5)
+        assert answer["status"] == "continued"
+        answer, records = await runs.run("", mode="interrupt", run_id=answer["run_id"])
+        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
+
+    async def test_a_png_display_comes_back_as_image_png(self, runs: Runs) -> None:
+        code = f"from IPython.display import Image, display\ndisplay(Image(data={PNG_1PX!r}))\n"
+        answer, records = await runs.run(code)
+        displays = [r for r in records if r["kind"] == "display"]
+        assert answer["exit_code"] == 0
+        assert [r["mime"] for r in displays] == ["image/png"]
+        assert base64.b64decode(displays[0]["data"]) == PNG_1PX
+
+    async def test_completing_import_o_offers_os(self, runs: Runs) -> None:
+        answer = await runs.ask("complete", "import o", options={"cursor_pos": 8})
+        assert (answer["reason"], answer["run_id"]) == (None, "")
+        assert "os" in answer["completions"]
+
+    async def test_sys_exit_3_gives_exit_code_3(self, runs: Runs) -> None:
+        answer, records = await runs.run("import sys\nsys.exit(3)")
+        assert (answer["status"], answer["exit_code"]) == ("finished", 3)
+        assert not [r for r in records if r["kind"] == "error"]
+
+    async def test_a_batch_builds_then_runs_and_answers_the_exit_status(self, runs: Runs) -> None:
+        build = "printf 'print(6 * 7)' > prog.py"
+        options = {"build": build, "exec": "python3 prog.py; echo oops >&2; exit 5"}
+        answer, records = await runs.run("", mode="batch", options=options)
+        assert (answer["status"], answer["exit_code"]) == ("finished", 5)
+        assert (text(records), text(records, "stderr")) == ("42\n", "oops\n")
+        options = {"build": "echo compiling; exit 2", "exec": "echo never"}
+        answer, records = await runs.run("", mode="batch", options=options)
+        assert (answer["exit_code"], text(records)) == (2, "compiling\n")
+
+    async def test_a_50_mb_burst_is_cut_at_the_limit_and_the_agent_stays_small(
+        self, runs: Runs
+    ) -> None:
+        # This process holds the agent (and its manager or collector): it never grows by
+        # anywhere near the 50 MB that the kernel writes.
+        limit = self.limit
+        peak_rss_reset()
+        before = peak_rss()
+        if self.stream:
+            answer = await runs.ask("query", FLOOD_50MB, stream=True, timeout=120)
+            records = answer["records"]
+        else:
+            answer, records = await runs.run(FLOOD_50MB, flush=0.5)
+        assert (answer["status"], answer["exit_code"]) == ("finished", 0)
+        assert len(text(records)) == limit
+        assert records[-1] == {
+            "kind": "notice",
+            "data": f"[output cut: more than {size_shown(limit)};"
+            " the rest of this run's output was dropped]",
+            "mime": None,
+        }
+        assert peak_rss() - before < 32 * 1024**2
+
+
+def assert_no_code_runner(answer: dict[str, Any]) -> None:
+    assert (answer["status"], answer["exit_code"]) == ("finished", 127)
+    assert answer["records"] == [
+        {
+            "kind": "stderr",
+            "data": "this image has no code runner (it needs python3 with ipykernel)",
+            "mime": None,
+        }
+    ]

@@ -9,7 +9,6 @@ this venv's python (built from one in root's home) is out of such a uid's reach.
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import shutil
 import tempfile
@@ -20,13 +19,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from agent_helpers import (
-    ANSI,
     FLOOD_50MB,
-    PNG_1PX,
+    CodeExecutionOnEveryBackend,
     FakeManager,
     Runs,
-    peak_rss,
-    peak_rss_reset,
+    assert_no_code_runner,
     spec,
     text,
 )
@@ -91,81 +88,9 @@ async def runs(daemon):
     await manager.frames.wait_for(type=protocol.KERNEL_STATUS, kernel_id=kernel_id, status="gone")
 
 
-async def test_state_persists_from_one_run_to_the_next(runs):
-    first, _ = await runs.run("x = 41")
-    answer, records = await runs.run("x + 1")
-    assert (first["status"], first["exit_code"]) == ("finished", 0)
-    assert (answer["status"], answer["exit_code"]) == ("finished", 0)
-    assert records == [{"kind": "result", "data": "42", "mime": "text/plain"}]
-    assert answer["run_id"] != first["run_id"] and len(answer["run_id"]) == 16
-
-
-async def test_a_run_waiting_for_input_gets_the_line_and_goes_on(runs):
-    answer, records = await runs.run("name = input('Name: ')\nprint('hi', name)")
-    assert answer["status"] == "waiting-input" and answer["exit_code"] is None
-    assert text(records) == "Name: "
-    answer = await runs.ask("input", "Ada", run_id=answer["run_id"])
-    while answer["status"] == "continued":
-        answer = await runs.ask("continue", run_id=answer["run_id"])
-    assert (answer["status"], answer["exit_code"]) == ("finished", 0)
-    assert text(answer["records"]) == "hi Ada\n"
-
-
-async def test_a_ten_second_run_is_continued_to_its_end(runs):
-    code = "import time\nfor i in range(10):\n    print(i, flush=True)\n    time.sleep(1)\n"
-    started = time.monotonic()
-    answer = await runs.ask("query", code, run_id="ten-seconds", flush=1.5)
-    answers = [answer]
-    while answers[-1]["status"] == "continued":
-        answers.append(await runs.ask("continue", run_id="ten-seconds", flush=1.5))
-    assert time.monotonic() - started >= 9
-    assert len(answers) >= 5  # answered about every flush, not once at the end
-    assert {a["run_id"] for a in answers} == {"ten-seconds"}
-    assert text([r for a in answers for r in a["records"]]) == "".join(f"{i}\n" for i in range(10))
-    assert (answers[-1]["status"], answers[-1]["exit_code"]) == ("finished", 0)
-
-
-async def test_an_endless_loop_is_interrupted(runs):
-    answer = await runs.ask("query", "while True: pass", flush=0.5)
-    assert answer["status"] == "continued"
-    answer = await runs.ask("interrupt", run_id=answer["run_id"])
-    records = list(answer["records"])
-    while answer["status"] == "continued":
-        answer = await runs.ask("continue", run_id=answer["run_id"])
-        records += answer["records"]
-    assert (answer["status"], answer["exit_code"]) == ("finished", 1)
-    assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
-
-
-async def test_a_png_display_comes_back_as_image_png(runs):
-    code = f"from IPython.display import Image, display\ndisplay(Image(data={PNG_1PX!r}))\n"
-    answer, records = await runs.run(code)
-    displays = [r for r in records if r["kind"] == "display"]
-    assert answer["exit_code"] == 0
-    assert [r["mime"] for r in displays] == ["image/png"]
-    assert base64.b64decode(displays[0]["data"]) == PNG_1PX
-
-
-async def test_completing_import_o_offers_os(runs):
-    answer = await runs.ask("complete", "import o", options={"cursor_pos": 8})
-    assert answer["reason"] is None
-    assert "os" in answer["completions"]
-
-
-async def test_a_50_mb_burst_is_cut_at_the_limit_and_the_agent_stays_small(runs):
-    peak_rss_reset()
-    before = peak_rss()
-    answer, records = await runs.run(FLOOD_50MB, flush=0.5)
-    assert (answer["status"], answer["exit_code"]) == ("finished", 0)
-    assert len(text(records)) == LIMIT
-    assert records[-1] == {
-        "kind": "notice",
-        "data": "[output cut: more than 1 MiB; the rest of this run's output was dropped]",
-        "mime": None,
-    }
-    assert max(len(a["data"]) for a in records) <= protocol.EXEC_FRAME_DATA
-    # the agent, its socket and the fake manager share this process: none kept the 50 MB
-    assert peak_rss() - before < 32 * 1024**2
+class TestCodeExecution(CodeExecutionOnEveryBackend):
+    limit = LIMIT
+    stream = False
 
 
 async def test_streamed_output_flows_at_more_than_10_mb_per_second(runs, daemon):
@@ -180,22 +105,6 @@ async def test_streamed_output_flows_at_more_than_10_mb_per_second(runs, daemon)
     assert (answer["status"], answer["exit_code"]) == ("finished", 0)
     assert len(text(answer["records"])) == 50_000_000
     assert 50 / elapsed > 10, f"{50 / elapsed:.1f} MB/s"
-
-
-async def test_a_batch_builds_then_runs_and_answers_the_exit_status(runs):
-    options = {"build": "echo built > out.txt", "exec": "cat out.txt; echo oops >&2; exit 5"}
-    answer, records = await runs.run("", mode="batch", options=options)
-    assert (answer["status"], answer["exit_code"]) == ("finished", 5)
-    assert (text(records), text(records, "stderr")) == ("built\n", "oops\n")
-    options = {"build": "echo compiling; exit 2", "exec": "echo never"}
-    answer, records = await runs.run("", mode="batch", options=options)
-    assert (answer["exit_code"], text(records)) == (2, "compiling\n")
-
-
-async def test_sys_exit_3_gives_exit_code_3(runs):
-    answer, records = await runs.run("import sys\nsys.exit(3)")
-    assert (answer["status"], answer["exit_code"]) == ("finished", 3)
-    assert not [r for r in records if r["kind"] == "error"]
 
 
 async def test_a_run_past_its_timeout_is_stopped_and_says_so(runs):
@@ -245,14 +154,7 @@ async def test_without_ipykernel_every_request_answers_no_code_runner(daemon):
     finally:
         agent.config.runner_python = None
     for answer in answers:
-        assert (answer["status"], answer["exit_code"]) == ("finished", 127)
-        assert answer["records"] == [
-            {
-                "kind": "stderr",
-                "data": "this image has no code runner (it needs python3 with ipykernel)",
-                "mime": None,
-            }
-        ]
+        assert_no_code_runner(answer)
 
 
 async def test_destroying_a_kernel_ends_its_runner_and_ipykernel(daemon):

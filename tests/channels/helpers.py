@@ -80,3 +80,40 @@ def running_session(owner, image, size: int = 2) -> Session:
     session.refresh_from_db()
     assert session.status == Status.RUNNING
     return session
+
+
+def register_message(kernels=None, **changes) -> dict:
+    """An agent's ``register`` frame, reporting ``kernels``."""
+    return {
+        "type": protocol.REGISTER,
+        "protocol": protocol.PROTOCOL_VERSION,
+        "hostname": "node-a",
+        "backend": "docker",
+        "slots": {"cpu": "8", "mem": str(16 * 2**30)},
+        "labels": {},
+        "version": "test",
+        "kernels": kernels or [],
+        **changes,
+    }
+
+
+async def registered_agent(token: str, kernels=None) -> WebsocketCommunicator:
+    """An agent's gateway connection, registered and reporting ``kernels``."""
+    comm = WebsocketCommunicator(
+        application, "/ws/agent/", headers=[(b"authorization", f"Token {token}".encode())]
+    )
+    assert (await comm.connect())[0]
+    await comm.send_json_to(register_message(kernels))
+    assert (await comm.receive_json_from(timeout=5))["type"] == protocol.REGISTERED
+    return comm
+
+
+async def active_since(session, since, timeout: float = 3) -> bool:
+    """Whether the session's last activity moves past ``since`` within ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        fresh = await sync_to_async(Session.objects.get)(pk=session.pk)
+        if fresh.last_activity_at > since:
+            return True
+        await asyncio.sleep(0.05)
+    return False

@@ -26,26 +26,15 @@ from sessions_app import services
 from sessions_app.models import Agent, AgentStatus, Kernel, ResourceGroup, Session, Status
 
 # A channel prefix of our own: other test runs on this Redis stay out.
+from .helpers import frame_of as _frame_of
+from .helpers import register_message as _register_message
+
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("channel_prefix")]
 
 
 def _connect(token: str | None) -> WebsocketCommunicator:
     headers = [(b"authorization", f"Token {token}".encode())] if token else []
     return WebsocketCommunicator(application, "/ws/agent/", headers=headers)
-
-
-def _register_message(kernels=None, **changes) -> dict:
-    return {
-        "type": protocol.REGISTER,
-        "protocol": protocol.PROTOCOL_VERSION,
-        "hostname": "node-a",
-        "backend": "docker",
-        "slots": {"cpu": "8", "mem": str(16 * 2**30)},
-        "labels": {},
-        "version": "test",
-        "kernels": kernels or [],
-        **changes,
-    }
 
 
 async def _register(comm: WebsocketCommunicator, kernels=None, *, connect: bool = True) -> dict:
@@ -56,16 +45,6 @@ async def _register(comm: WebsocketCommunicator, kernels=None, *, connect: bool 
     reply = await comm.receive_json_from(timeout=5)
     assert reply["type"] == protocol.REGISTERED
     return reply
-
-
-async def _frame_of(comm: WebsocketCommunicator, kind: str, timeout: float = 5) -> dict:
-    """The next frame of type ``kind``, past reconciliation chatter."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        frame = await comm.receive_json_from(timeout=max(0.05, deadline - loop.time()))
-        if frame.get("type") == kind:
-            return frame
 
 
 async def _error(comm: WebsocketCommunicator) -> str:

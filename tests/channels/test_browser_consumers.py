@@ -27,6 +27,7 @@ from sessions_app.models import Kernel, Session, Status
 
 from .helpers import (
     HOST,
+    active_since,
     browser,
     cookie_for,
     frame_of,
@@ -418,12 +419,7 @@ async def test_an_open_terminal_counts_as_activity(running, alice, fake_agent):
     comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
     await comm.connect()
     await comm.receive_json_from(timeout=5)  # ready
-    for _ in range(50):
-        session = await sync_to_async(Session.objects.get)(pk=running.pk)
-        if session.last_activity_at > long_ago:
-            break
-        await asyncio.sleep(0.05)
-    assert session.last_activity_at > long_ago
+    assert await active_since(running, long_ago)
     await comm.disconnect()
 
 

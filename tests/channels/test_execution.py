@@ -27,7 +27,15 @@ from sessions_app import consumers, execution, services
 from sessions_app.models import ExecutionRun, Kernel, Session, Status
 from sessions_app.tokens import token_create
 
-from .helpers import browser, frame_of, no_frame_of, refused, running_session
+from .helpers import (
+    active_since,
+    browser,
+    frame_of,
+    no_frame_of,
+    refused,
+    registered_agent,
+    running_session,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("channel_prefix")]
 
@@ -91,27 +99,14 @@ async def runs_of(session) -> list[ExecutionRun]:
     return await sync_to_async(list)(ExecutionRun.objects.filter(session=session))
 
 
-async def connect_agent(agent_row) -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(
-        application,
-        "/ws/agent/",
-        headers=[(b"authorization", f"Token {agent_row.plain_token}".encode())],
-    )
-    assert (await comm.connect())[0]
-    await comm.send_json_to(
-        {
-            "type": protocol.REGISTER,
-            "protocol": protocol.PROTOCOL_VERSION,
-            "hostname": "node-b",
-            "backend": "docker",
-            "slots": {"cpu": "8", "mem": str(2**30)},
-            "labels": {},
-            "version": "test",
-            "kernels": [],
-        }
-    )
-    assert (await comm.receive_json_from(timeout=5))["type"] == protocol.REGISTERED
-    return comm
+async def runs_when(session, settled, timeout: float = 5) -> list[ExecutionRun]:
+    """The session's runs once ``settled(rows)`` holds (or as they are at the timeout)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not settled(rows := await runs_of(session)):
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    return rows
 
 
 # --- REST: the round trip and the history ------------------------------------
@@ -133,13 +128,7 @@ async def test_a_query_goes_to_main1s_agent_and_its_answer_comes_back(
     assert command["flush"] == 0.7 and command["options"] == {}
     assert re.fullmatch(r"[0-9a-f]{32}", command["req_id"])
     assert re.fullmatch(r"[0-9a-f]{16}", command["run_id"])  # the manager names the run
-    (row,) = await runs_of(running)
-    assert (row.run_id, row.mode, row.status, row.finished_at) == (
-        command["run_id"],
-        "query",
-        "running",
-        None,
-    )
+    assert await runs_of(running) == []  # recorded once the agent took it
 
     await answer(fake_agent, command, records=[stdout("42\n")])
     status, body = await request
@@ -151,8 +140,13 @@ async def test_a_query_goes_to_main1s_agent_and_its_answer_comes_back(
         "records": [stdout("42\n")],
     }
     (row,) = await runs_of(running)
-    assert (row.status, row.exit_code) == ("finished", 0)
-    assert row.finished_at is not None and row.user_id == alice.pk
+    assert (row.run_id, row.mode, row.status, row.exit_code) == (
+        command["run_id"],
+        "query",
+        "finished",
+        0,
+    )
+    assert row.user_id == alice.pk and row.started_at < row.finished_at
 
 
 async def test_a_long_run_is_continued_until_it_finishes_and_recorded_once(
@@ -291,12 +285,7 @@ async def test_every_request_of_the_owner_counts_as_activity(running, alice, fak
     request = execute(running, await token_of(alice), {"mode": "interrupt"})
     await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC), run_id="")
     assert (await request)[0] == 200
-    for _ in range(60):
-        session = await sync_to_async(Session.objects.get)(pk=running.pk)
-        if session.last_activity_at > long_ago:
-            break
-        await asyncio.sleep(0.05)
-    assert session.last_activity_at > long_ago
+    assert await active_since(running, long_ago)
 
 
 async def test_code_runs_in_interactive_sessions_only(alice, image, agent, fake_agent):
@@ -423,6 +412,9 @@ async def test_a_silent_agent_gets_a_504_that_says_so(running, alice, fake_agent
         "going; try again"
     )
     assert body["extra"] == {"run_id": command["run_id"]}
+    # The run may be going: it is in the history as such.
+    (row,) = await runs_of(running)
+    assert (row.run_id, row.status, row.finished_at) == (command["run_id"], "running", None)
     # Its answer, once it comes, is still taken for the history (and dropped quietly).
     await answer(fake_agent, command)
     await no_frame_of(fake_agent, protocol.ERROR)
@@ -460,7 +452,7 @@ async def test_an_agent_cannot_answer_a_request_sent_to_another_agent(
     running, alice, fake_agent, make_agent
 ):
     other = await sync_to_async(make_agent)("agent-2")
-    intruder = await connect_agent(other)
+    intruder = await registered_agent(other.plain_token)
     request = execute(running, await token_of(alice), {"mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)
     await answer(intruder, command, records=[stdout("forged\n")])
@@ -555,12 +547,9 @@ async def test_a_streamed_run_sends_records_as_they_come_then_its_result(
         "status": "finished",
         "exit_code": 0,
     }
-    for _ in range(50):
-        (row,) = await runs_of(running)
-        if row.status == "finished":
-            break
-        await asyncio.sleep(0.05)
-    assert (row.status, row.user_id) == ("finished", alice.pk)
+    # The stream writes the history off its path: the row follows shortly.
+    rows = await runs_when(running, lambda rows: [r.status for r in rows] == ["finished"])
+    assert (rows[0].run_id, rows[0].user_id, rows[0].exit_code) == (command["run_id"], alice.pk, 0)
     await comm.disconnect()
 
 
@@ -591,6 +580,9 @@ async def test_input_interrupt_and_completion_travel_over_the_websocket(running,
     assert (command["mode"], command["options"]) == ("complete", {"cursor_pos": 8})
     await answer(fake_agent, command, run_id="", exit_code=None, completions=["os"])
     assert (await comm.receive_json_from(timeout=5))["completions"] == ["os"]
+    # One run in the history: started by the query, closed by the interrupt's answer.
+    rows = await runs_when(running, lambda rows: [r.status for r in rows] == ["finished"])
+    assert [(r.run_id, r.status, r.exit_code) for r in rows] == [("r7", "finished", 1)]
     await comm.disconnect()
 
 
@@ -617,11 +609,7 @@ async def test_the_websocket_says_why_it_refuses_a_request_and_stays_open(
     assert reply == {"type": "error", "message": "no run r9 in this session"}
     await comm.send_json_to({"type": "ping"})
     assert (await comm.receive_json_from(timeout=5))["type"] == "pong"
-    for _ in range(50):
-        if not await runs_of(running):
-            break
-        await asyncio.sleep(0.05)
-    assert await runs_of(running) == []
+    assert await runs_of(running) == []  # a refused start leaves no run
     await comm.disconnect()
 
 
@@ -655,7 +643,7 @@ async def test_an_agent_cannot_stream_into_another_agents_request(
     running, alice, fake_agent, make_agent
 ):
     other = await sync_to_async(make_agent)("agent-2")
-    intruder = await connect_agent(other)
+    intruder = await registered_agent(other.plain_token)
     comm = await open_runs(running, alice)
     await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)

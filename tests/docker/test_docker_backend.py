@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import stat
@@ -127,8 +128,9 @@ def _cleanup(client, agent_key: str) -> None:
                 pass
 
 
-@pytest_asyncio.fixture
-async def backend(docker_client, config):
+@contextlib.asynccontextmanager
+async def running_backend(docker_client, config: AgentConfig):
+    """A started backend whose frames are collected in ``.frames``; closed at the end."""
     frames = Frames()
     b = DockerBackend(config, frames, client=docker_client)
     b.set_agent_id("agent-docker-test")
@@ -138,6 +140,12 @@ async def backend(docker_client, config):
         yield b
     finally:
         await b.close()
+
+
+@pytest_asyncio.fixture
+async def backend(docker_client, config):
+    async with running_backend(docker_client, config) as b:
+        yield b
         _cleanup(docker_client, config.agent_key)
 
 

@@ -139,7 +139,7 @@ def live_server_url(transactional_db, live_env, tmp_path) -> str:
         [
             sys.executable,
             "-m",
-            "daphne",
+            "backendai_web.serve",
             "-b",
             "127.0.0.1",
             "-p",

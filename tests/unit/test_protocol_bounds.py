@@ -52,11 +52,6 @@ VALID = [
 ]
 
 
-@pytest.mark.parametrize("message", VALID, ids=lambda m: m["type"])
-def test_a_message_the_agent_sends_passes(message):
-    assert protocol.validate(message) is None
-
-
 REFUSED = {
     "cpu far beyond any node": (_register(slots={"cpu": "1e100"}), "slots: cpu"),
     "a negative device count": (_register(slots={"cuda.device": "-1"}), "negative"),
@@ -131,13 +126,6 @@ REFUSED = {
     "no type": ({"kernels": []}, "unknown message type"),
     "not an object": ([1, 2], "JSON object"),
 }
-
-
-@pytest.mark.parametrize("message, expected", REFUSED.values(), ids=list(REFUSED))
-def test_a_message_out_of_bounds_is_refused_with_the_field_named(message, expected):
-    refusal = protocol.validate(message)
-    assert refusal is not None
-    assert expected in refusal
 
 
 def test_a_refusal_never_quotes_a_huge_value():
@@ -309,8 +297,11 @@ ANSWERS_VALID = {
 }
 
 
-@pytest.mark.parametrize("message", ANSWERS_VALID.values(), ids=list(ANSWERS_VALID))
-def test_an_exec_answer_within_its_bounds_passes(message):
+VALID += ANSWERS_VALID.values()
+
+
+@pytest.mark.parametrize("message", VALID, ids=lambda m: m["type"])
+def test_a_message_the_agent_sends_passes(message):
     assert protocol.validate(message) is None
 
 
@@ -344,8 +335,11 @@ ANSWERS_REFUSED = {
 }
 
 
-@pytest.mark.parametrize("message, expected", ANSWERS_REFUSED.values(), ids=list(ANSWERS_REFUSED))
-def test_an_exec_answer_out_of_bounds_is_refused_with_the_field_named(message, expected):
+REFUSED.update(ANSWERS_REFUSED)
+
+
+@pytest.mark.parametrize("message, expected", REFUSED.values(), ids=list(REFUSED))
+def test_a_message_out_of_bounds_is_refused_with_the_field_named(message, expected):
     refusal = protocol.validate(message)
     assert refusal is not None
     assert expected in refusal

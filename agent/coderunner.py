@@ -43,6 +43,7 @@ PREFERRED = ("image/png", "image/svg+xml", "text/html", "text/plain")
 COMPLETIONS_MAX = 1000
 COMPLETION_MAX = 1000
 COMPLETE_TIMEOUT = 5.0
+STDIN_PROBE = 0.5  # how long the first input() may take to reach the runner before a retry
 START_TIMEOUT = 60.0
 KILL_GRACE = 2.0
 PIPE_GRACE = 1.0  # how long a finished batch command's pipes may stay open (background jobs)
@@ -222,13 +223,48 @@ class Kernel:
                     m["msg_type"] == "kernel_info_reply" for m in self.receive(self.shell)
                 )
                 heard |= any(True for _ in self.receive(self.iopub))
+        self.reach_stdin(deadline)
         self.execute(SETUP, silent=True)
 
-    def execute(self, code, silent=False):
+    def reach_stdin(self, deadline):
+        """Until an input() of the kernel reaches us. Its stdin socket (a ROUTER) drops a
+        request for a peer whose connection is not complete yet, and that input() would
+        then wait forever: so one is asked, answered, and asked again after an interrupt
+        if it never came."""
+        poller = self.zmq.Poller()
+        poller.register(self.stdin, self.zmq.POLLIN)
+        while time.monotonic() < deadline and self.exit_code() is None:
+            msg_id = self.execute("input()", store_history=False)
+            asked = None
+            until = time.monotonic() + STDIN_PROBE
+            while asked is None and time.monotonic() < until:
+                poller.poll(50)
+                asked = next(
+                    (m for m in self.receive(self.stdin) if m["msg_type"] == "input_request"),
+                    None,
+                )
+            if asked is not None:
+                self.request(self.stdin, "input_reply", {"value": ""}, parent=asked)
+            else:
+                self.interrupt()
+            if self.wait_reply(msg_id, deadline) and asked is not None:
+                return
+        raise RuntimeError("the kernel's input requests do not reach the runner")
+
+    def wait_reply(self, msg_id, deadline):
+        """Until the shell's reply to ``msg_id`` (False: none by the deadline)."""
+        while time.monotonic() < deadline:
+            self.shell.poll(100)
+            for msg in self.receive(self.shell):
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return True
+        return False
+
+    def execute(self, code, silent=False, store_history=None):
         content = {
             "code": code,
             "silent": silent,
-            "store_history": not silent,
+            "store_history": not silent if store_history is None else store_history,
             "user_expressions": {},
             "allow_stdin": not silent,
             "stop_on_error": False,

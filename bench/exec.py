@@ -110,6 +110,21 @@ def rest_round_trips(rest: Rest, runs: int) -> list[float]:
     return times
 
 
+def rest_baseline(rest: Rest, session_id: str, runs: int) -> list[float]:
+    """A plain authenticated GET of the session (no agent): Django's own per-request cost."""
+    path = f"/api/v1/sessions/{session_id}/"
+    times = []
+    for i in range(runs + 20):
+        start = time.perf_counter()
+        rest.conn.request("GET", path, headers=rest.headers)
+        response = rest.conn.getresponse()
+        response.read()
+        if i >= 20:
+            times.append(time.perf_counter() - start)
+        assert response.status == 200, response.status
+    return times
+
+
 def ws_connect(stack: Stack, token: str, session_id: str):  # noqa: ANN201
     from websockets.sync.client import connect
 
@@ -193,6 +208,7 @@ def main() -> None:
         rest = Rest(stack, token, session["id"])
         rest.run("pass")  # starts the code runner (an ipykernel) in main1
         via_rest = rest_round_trips(rest, args.runs)
+        baseline = rest_baseline(rest, session["id"], args.runs)
         with ws_connect(stack, token, session["id"]) as ws:
             via_ws = ws_round_trips(ws, args.runs)
             ws_mbs = throughput(args.mb, lambda code: ws_run(ws, code)[0])
@@ -204,6 +220,7 @@ def main() -> None:
         rest_mbs = throughput(args.mb, rest_read)
         direct = direct_round_trips(session["kernels"][0]["container_id"], args.runs)
         report(args, direct, via_rest, via_ws, ws_mbs, rest_mbs)
+        print(row("REST GET .../sessions/{id}/ (no agent)", baseline))
     finally:
         stack.stop()
 

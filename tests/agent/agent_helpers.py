@@ -200,8 +200,9 @@ class Runs:
                 "flush": flush,
             }
         )
-        if inspect.isawaitable(sent):
-            await sent
+        if inspect.isawaitable(sent):  # a backend's hub answers (or streams) before it returns
+            async with asyncio.timeout(timeout):
+                await sent
         result = await self.frames.wait_for(timeout, type=protocol.EXEC_RESULT, req_id=req_id)
         streamed = []
         for frame in self.frames.seen:

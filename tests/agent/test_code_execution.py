@@ -9,10 +9,13 @@ this venv's python (built from one in root's home) is out of such a uid's reach.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from asyncio.subprocess import PIPE
 from decimal import Decimal
 from pathlib import Path
 
@@ -171,3 +174,26 @@ async def test_destroying_a_kernel_ends_its_runner_and_ipykernel(daemon):
             break
         await asyncio.sleep(0.05)
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+async def test_the_first_run_of_a_fresh_runner_may_ask_for_input():
+    """A fresh kernel's stdin socket dropped an input() that came before its connection
+    was complete (the run then waited for ever, about one start in twenty); the runner
+    reaches stdin before it says it is ready."""
+    source = (Path(__file__).resolve().parents[2] / "agent" / "coderunner.py").read_text()
+    run = {"op": "run", "mode": "query", "run_id": "r1", "code": "input('N: ')", "limit": LIMIT}
+    for _ in range(8):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-u", "-c", source, stdin=PIPE, stdout=PIPE, limit=2**20
+        )
+        try:
+            async with asyncio.timeout(30):
+                while b'"ready"' not in await proc.stdout.readline():
+                    pass
+            proc.stdin.write(json.dumps(run).encode() + b"\n")
+            async with asyncio.timeout(10):
+                while b'"waiting"' not in await proc.stdout.readline():
+                    pass
+        finally:
+            proc.stdin.close()
+            await proc.wait()

@@ -70,7 +70,11 @@ class FakeManager:
         self.url = ""
 
     async def start(self) -> None:
-        self.server = await serve(self._handler, "127.0.0.1", 0)
+        # As the manager's daphne (backendai_web.serve): room for the largest frame the
+        # gateway checks, not the websockets library's 1 MiB default.
+        self.server = await serve(
+            self._handler, "127.0.0.1", 0, max_size=protocol.max_frame_chars()
+        )
         port = self.server.sockets[0].getsockname()[1]
         self.url = f"ws://127.0.0.1:{port}"
 

@@ -143,11 +143,14 @@ def test_a_web_server_in_a_session_is_reached_through_the_apps_origin_by_its_own
     reused, _ = _call(live_system.apps_port, "GET", f"{link.path}?{link.query}", host=host)
     assert reused.status == 403
 
-    response, body = _call(
-        live_system.apps_port, "GET", "/hello.txt", host=host, headers={"Cookie": cookie}
-    )
-    assert response.status == 200, body
-    assert body == b"hello-from-the-kernel\n"
+    def fetched():  # RUNNING once its process runs: the server may not listen yet (502)
+        response, body = _call(
+            live_system.apps_port, "GET", "/hello.txt", host=host, headers={"Cookie": cookie}
+        )
+        assert response.status in (200, 502), body
+        return body if response.status == 200 else None
+
+    assert wait_for(fetched, timeout=30, what="hello.txt") == b"hello-from-the-kernel\n"
     # The cookie opens this app only: not another session's or another app's host.
     other = host.replace("port-8080", "jupyter", 1)
     response, _ = _call(live_system.apps_port, "GET", "/", host=other, headers={"Cookie": cookie})

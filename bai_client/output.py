@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from bai_common import units
+
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
@@ -22,7 +24,14 @@ def table(headers: list[str], rows: list[list[Any]]) -> None:
 
 
 def _resources(slots: dict[str, Any]) -> str:
-    return " ".join(f"{slot}={amount}" for slot, amount in sorted(slots.items()))
+    """``1 cpu, 64 MiB mem``: each amount as people read it (bai_common.units)."""
+    shown = []
+    for slot, amount in sorted(slots.items()):
+        try:
+            shown.append(units.format_slot(slot, units.parse_amount(amount)))
+        except ValueError:  # not an amount the client knows how to show: as it came
+            shown.append(f"{amount} {slot}")
+    return ", ".join(shown)
 
 
 def _cluster(session: dict[str, Any]) -> str:

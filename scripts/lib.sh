@@ -34,10 +34,14 @@ ensure_venv() {
     "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
     echo "$want" > "$stamp"
   fi
-  if [ ! -x "$VENV/bin/bai" ]; then
-    # The `bai` console script (bai_client/), editable and offline: the venv has setuptools.
+  local bai_stamp="$VENV/.bai.sha" bai_want
+  bai_want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  if [ ! -x "$VENV/bin/bai" ] || [ "$(cat "$bai_stamp" 2>/dev/null)" != "$bai_want" ]; then
+    # The `bai` console script (bai_client/ and bai_common/), editable and offline: the
+    # venv has setuptools. Again when pyproject.toml changes (its packages, its scripts).
     say "installing the bai command"
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+    echo "$bai_want" > "$bai_stamp"
   fi
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"

@@ -251,7 +251,7 @@ def test_bai_sessions_create_waits_lists_shows_logs_follows_and_terminates_by_na
     assert re.match(r"Session ticker \([0-9a-f-]{36}\) created: ", created.stderr)
     assert "\nticker: RUNNING" in created.stderr
     assert "status:" in created.stdout and "RUNNING" in created.stdout
-    assert "main1" in created.stdout and "cpu=1 mem=67108864 per kernel" in created.stdout
+    assert "main1" in created.stdout and "1 cpu, 64 MiB mem per kernel" in created.stdout
 
     listed = bai(alice_config, "sessions").stdout
     assert listed.splitlines()[0].split()[:3] == ["ID", "NAME", "STATUS"]

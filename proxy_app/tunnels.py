@@ -131,12 +131,11 @@ class TunnelPool:
         return None
 
     async def give(self, key: PoolKey, tunnel: Tunnel) -> None:
-        idle = self._idle.setdefault(key, [])
-        if tunnel.closed or len(idle) >= self.PER_PORT:
+        if tunnel.closed or len(self._idle.get(key, ())) >= self.PER_PORT:
             await tunnel.close()
             return
-        entry = (tunnel, asyncio.create_task(self._watch(key, tunnel)))
-        idle.append(entry)
+        watcher = asyncio.create_task(self._watch(key, tunnel))
+        self._idle.setdefault(key, []).append((tunnel, watcher))
 
     async def _watch(self, key: PoolKey, tunnel: Tunnel) -> None:
         """While idle, a tunnel should hear nothing: any frame or a close retires it."""

@@ -113,6 +113,14 @@ def _parse(text_data: str | None, max_chars: int = MAX_CONTROL_FRAME) -> dict[st
     return message
 
 
+def _ping_answer(text_data: str | None) -> dict[str, Any]:
+    """The answer to a frame of a stream that asks nothing of the browser: keep-alive
+    pings are answered, anything else is told so (BadFrame when unreadable)."""
+    if _parse(text_data).get("type") == "ping":
+        return {"type": "pong"}
+    return {"type": "error", "message": "only ping is understood here"}
+
+
 class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
     """Pushes ``{"type": "sessions.changed", "sessions": [{id, kernel, status, reason}]}``
     for the user's own sessions (``live.session_changed``)."""
@@ -134,15 +142,11 @@ class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
-            message = _parse(text_data)
+            answer = _ping_answer(text_data)
         except BadFrame as exc:
             await self.refuse(CLOSE_BAD_INPUT, str(exc))
             return
-        # Nothing to ask of this stream; keep-alive pings are answered.
-        if message.get("type") == "ping":
-            await self.send_json({"type": "pong"})
-        else:
-            await self.send_json({"type": "error", "message": "only ping is understood here"})
+        await self.send_json(answer)
 
     async def sessions_changed(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "sessions.changed", "sessions": event["sessions"]})
@@ -314,14 +318,11 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
-            message = _parse(text_data)
+            answer = _ping_answer(text_data)
         except BadFrame as exc:
             await self.refuse(CLOSE_BAD_INPUT, str(exc))
             return
-        if message.get("type") == "ping":
-            await self._send_json({"type": "pong"})
-        else:
-            await self._send_json({"type": "error", "message": "only ping is understood here"})
+        await self._send_json(answer)
 
     async def _send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content))

@@ -547,15 +547,16 @@ class ProcessBackend(Backend):
         self.running_kernel(kernel_id)
         return "127.0.0.1", port
 
-    def _kernel_process(self, kernel_id: str) -> tuple[dict[str, Any], dict[int, int]]:
+    def _kernel_process(self, state: KernelState) -> tuple[dict[str, Any], dict[int, int]]:
         """A running kernel's saved facts (dir, env, uid, gid, pid) and its rlimits,
         for what the agent starts in it (apps, shells, the code runner)."""
-        info = self.running_kernel(kernel_id).extra["info"]
+        info = state.extra["info"]
         limits = KernelLimits(Decimal(0), int(info.get("mem") or MIN_MEM))
         return info, kernel_rlimits(limits)
 
     async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
-        info, rlimits = self._kernel_process(kernel_id)
+        state = self.running_kernel(kernel_id)
+        info, rlimits = self._kernel_process(state)
         uid, gid = info.get("uid"), info.get("gid")
         try:
             app = subprocess.Popen(
@@ -574,7 +575,8 @@ class ProcessBackend(Backend):
             )
         except OSError as exc:
             raise KernelError(f"cannot start the app: {exc}") from exc
-        self.running_kernel(kernel_id).extra.setdefault("apps", []).append(app)
+        apps = [a for a in state.extra.get("apps", []) if a.poll() is None]  # ended ones go
+        state.extra["apps"] = [*apps, app]
 
     async def spawn_runner(
         self,
@@ -583,7 +585,7 @@ class ProcessBackend(Backend):
         on_data: Callable[[bytes], None],
         on_eof: Callable[[], None],
     ) -> TermChannel:
-        info, rlimits = self._kernel_process(kernel_id)
+        info, rlimits = self._kernel_process(self.running_kernel(kernel_id))
         uid, gid = info.get("uid"), info.get("gid")
         python = self.config.runner_python or runner_python(sys.executable, self.isolated)
         # glibc reserves 64 MiB of address space per thread arena: under the kernel's
@@ -620,7 +622,7 @@ class ProcessBackend(Backend):
         on_data: Callable[[bytes], None],
         on_eof: Callable[[], None],
     ) -> TermChannel:
-        info, rlimits = self._kernel_process(kernel_id)
+        info, rlimits = self._kernel_process(self.running_kernel(kernel_id))
         env = dict(info["env"])
         env["TERM"] = "xterm-256color"
         shell = ["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]

@@ -71,15 +71,12 @@ function askInput() {
   box.querySelector("input").focus();
 }
 
-const ended = new Set(); // runs whose end is shown (an interrupt's answer repeats it)
-
 function onResult(msg) {
   if (msg.status === "waiting-input") {
     askInput();
     return;
   }
-  if (ended.has(msg.run_id)) return;
-  ended.add(msg.run_id);
+  if (!state.running) return; // the run's end is shown already (an interrupt's answer repeats it)
   const code = msg.exit_code === null || msg.exit_code === undefined ? "" : ` (exit code ${msg.exit_code})`;
   output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${msg.status}${code}`));
   $("c-input").hidden = true;
@@ -180,13 +177,16 @@ function connect(s) {
 /** The session changed (status push): open the console once it runs, close it when it ends. */
 export function consoleFollows(s) {
   if (!$("console") || s.type !== "interactive") return;
-  if (s.status === "RUNNING") connect(s);
-  else if (state.socket) {
+  if (s.status === "RUNNING") {
+    connect(s);
+    return;
+  }
+  if (state.socket) {
     state.socket.stop();
     state.socket = null;
     $("c-note").textContent = `The session is ${s.status.toLowerCase()}: code runs while it is running.`;
     setBusy(null);
-  } else if (s.status !== "RUNNING") {
-    $("c-note").textContent = `Code runs while the session is running (it is ${s.status.toLowerCase()}).`;
+    return;
   }
+  $("c-note").textContent = `Code runs while the session is running (it is ${s.status.toLowerCase()}).`;
 }

@@ -101,10 +101,7 @@ def test_a_web_server_in_a_session_is_reached_through_the_apps_origin_by_its_own
         reference=PYTHON_IMAGE,
         defaults={"supports_ssh": True, "service_ports": [kernel_images.JUPYTER_APP]},
     )
-    live_system.start_apps()
-    node = make_agent("node-a", cpu="2", mem=4 * 2**30)
-    live_system.start_agent(node, "--cpu", "2", "--mem", "4g")
-    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    _one_agent(live_system, make_agent)
     alice_token, bob_token = make_token(alice), make_token(bob)
     status, session = _api(
         live_system,

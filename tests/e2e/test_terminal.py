@@ -72,6 +72,17 @@ def _terminal(login, live_server_url, session, **context):
 def _echo_line(page):
     page.keyboard.type("echo BACKENDAI_CLUSTER_HOST=$BACKENDAI_CLUSTER_HOST\n")
     page.wait_for_function(f"() => window.termOutput.includes('{LINE}\\r\\n')")
+    # xterm draws the rows on a later animation frame than the data arrives.
+    _wait_drawn(page)
+
+
+def _wait_drawn(page):
+    """Until the DOM renderer has drawn LINE (xterm draws a later frame than
+    the data, or a resize, arrives)."""
+    page.wait_for_function(
+        f"(text) => {{ const c = ({FIND_LINE})(text); return c !== null && c.dom === text; }}",
+        arg=LINE,
+    )
 
 
 def _lit(page, cell, column) -> int:
@@ -98,8 +109,9 @@ def _set_size(page, size):
         size,
     )
     assert page.evaluate("term.options.fontSize") == size
-    # The DOM renderer redraws on the next frame: wait for two.
+    # The DOM renderer redraws on the next frame: wait for two, and the line.
     page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    _wait_drawn(page)
 
 
 def test_underscores_are_drawn_at_1x_pixel_density_at_every_text_size(

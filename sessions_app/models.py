@@ -284,6 +284,11 @@ class ResourcePolicy(models.Model):
         ResourceGroup, blank=True, help_text="Empty: every resource group."
     )
     max_concurrent_sftp_sessions = models.PositiveIntegerField(default=1)
+    # Storage quota over all the user's own folders (shared folders count for their owner).
+    max_folders = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: unlimited.")
+    max_folder_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Bytes over all the user's folders. Empty: unlimited."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -372,6 +377,57 @@ class DataFolder(models.Model):
     @property
     def host_path(self) -> Path:
         return Path(settings.BAI_STORAGE_ROOT) / f"u{self.owner_id}" / self.name
+
+
+class FolderPermission(models.TextChoices):
+    READ_ONLY = "ro", "read-only"
+    READ_WRITE = "rw", "read-write"
+
+
+class FolderShare(models.Model):
+    """The owner lets another user see and mount a folder. Revoking affects
+    sessions created afterwards: a running session keeps the mount it got."""
+
+    folder = models.ForeignKey(DataFolder, on_delete=models.CASCADE, related_name="shares")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="folder_shares"
+    )
+    permission = models.CharField(
+        max_length=2, choices=FolderPermission.choices, default=FolderPermission.READ_ONLY
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["folder", "user"]
+        constraints = [
+            models.UniqueConstraint(fields=["folder", "user"], name="unique_share_per_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.folder} → {self.user} ({self.permission})"
+
+
+class SSHKey(models.Model):
+    """A public key a user registers in their profile; it may log in to their SFTP sessions."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys"
+    )
+    name = models.CharField(max_length=64)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=128, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner", "name"]
+        verbose_name = "SSH key"
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="unique_ssh_key_name"),
+            models.UniqueConstraint(fields=["owner", "fingerprint"], name="unique_ssh_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner}: {self.name}"
 
 
 class SessionTemplate(models.Model):
@@ -580,6 +636,10 @@ class Session(_Transitions):
     template = models.ForeignKey(SessionTemplate, on_delete=models.SET_NULL, null=True, blank=True)
     environ = models.JSONField(default=dict, blank=True)
     mounts = models.ManyToManyField(DataFolder, blank=True, related_name="sessions")
+    # The mounts given read-only (a read-only share at launch): a subset of ``mounts``.
+    readonly_mounts = models.ManyToManyField(
+        DataFolder, blank=True, related_name="readonly_sessions"
+    )
     startup_command = models.TextField(blank=True)
     depends_on = models.ManyToManyField(
         "self", symmetrical=False, blank=True, related_name="dependents"

@@ -13,6 +13,8 @@ urlpatterns = [
         views.profile_token_revoke,
         name="profile-token-revoke",
     ),
+    path("folders/", views.folder_list, name="folder-list"),
+    path("folders/<int:folder_id>/", views.folder_browse, name="folder-browse"),
     path("templates/", views.template_list, name="template-list"),
     path("templates/new/", views.template_new, name="template-new"),
     path("templates/<int:template_id>/edit/", views.template_edit, name="template-edit"),

@@ -294,6 +294,21 @@ def profile_token_revoke(request: HttpRequest, token_id: str) -> HttpResponse:
     return redirect(f"{reverse('profile')}?revoked={tokens.token_prefix(token)}")
 
 
+# --- data folders: the pages are drawn from the REST API by static/js/folders.js --------
+
+
+@login_required
+def folder_list(request: HttpRequest) -> HttpResponse:
+    """The user's folders and those shared with them: create, share, delete, SFTP."""
+    return render(request, "folders/list.html")
+
+
+@login_required
+def folder_browse(request: HttpRequest, folder_id: int) -> HttpResponse:
+    """One folder's files. Whether the user may see it is the API's to say (404 otherwise)."""
+    return render(request, "folders/browse.html", {"folder_id": folder_id})
+
+
 # --- error pages: HTML for people, the API's JSON under /api/ -------------------------
 
 

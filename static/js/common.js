@@ -15,6 +15,9 @@ function cookie(name) {
   return hit ? decodeURIComponent(hit.slice(name.length + 1)) : "";
 }
 
+/** The CSRF token that writes to the API send (X-CSRFToken). */
+export const csrfToken = () => cookie("csrftoken");
+
 export class ApiError extends Error {
   constructor(status, body) {
     super((body && body.message) || `HTTP ${status}`);

@@ -314,8 +314,14 @@ async function loadCatalogue() {
   $("f-template").replaceChildren(el("option", { value: "" }, "— none —"), ...templates.map((t) => el("option", { value: t.id }, t.owner ? t.name : `${t.name} (shared)`)));
   $("f-mounts").replaceChildren(
     ...(folders.length
-      ? folders.map((f) => el("label.check", {}, el("input", { type: "checkbox", value: f.name, name: "mounts" }), f.name))
-      : [el("span.muted", {}, "You have no data folders yet.")]),
+      ? folders.map((f) => {
+          // A shared folder whose name one of yours has too is named owner/name.
+          const clash = f.permission !== "owner" && folders.some((o) => o !== f && o.name === f.name);
+          const value = clash ? `${f.owner}/${f.name}` : f.name;
+          const note = f.permission === "owner" ? null : el("small.muted", {}, ` ${f.owner}’s, ${f.permission === "ro" ? "read-only" : "read-write"}`);
+          return el("label.check", {}, el("input", { type: "checkbox", value, name: "mounts" }), value, note);
+        })
+      : [el("span.muted", {}, "You have no data folders yet. ", el("a", { href: "/folders/" }, "Make one on the Data page."))]),
   );
   await loadPresets();
   loaded = true;

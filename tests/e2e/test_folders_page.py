@@ -1,0 +1,215 @@
+"""The Data page in a real browser: make a folder (and see a bad name refused),
+upload files by the file input and see their progress end, walk into a
+directory, download a file and a directory as a zip, rename, delete; share a
+folder read-only and see it as the invitee sees it, without writes; and the
+profile's SSH keys.
+
+Personas: ``alice`` owns the folders; ``bob`` is the invitee. No agent is
+needed. Screenshots go to test-artifacts/e2e/<test>/.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def _ed25519_public_key() -> str:
+    """A fresh, real ed25519 public key in OpenSSH's one-line form."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate().public_key()
+    line = key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return line.decode() + " you@laptop"
+
+
+def _orm(call, *args, **kwargs):
+    """Run an ORM call off this thread, where Playwright's sync API keeps an event loop."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call, *args, **kwargs).result()
+
+
+def _open_data(page, live_server_url: str) -> None:
+    page.click("nav.topnav >> text=Data")
+    page.wait_for_url(f"{live_server_url}/folders/")
+    page.wait_for_function("() => window.foldersReady === true")
+
+
+def _files(page) -> dict[str, str]:
+    """The names listed in the file browser, with their type."""
+    page.wait_for_function("() => window.filesReady === true")
+    return {
+        row.get_attribute("data-name"): row.get_attribute("data-type")
+        for row in page.locator("#files-body tr").all()
+    }
+
+
+def _row(page, name: str):
+    return page.locator(f'#files-body tr[data-name="{name}"]')
+
+
+def test_a_folder_is_made_filled_walked_and_emptied_in_the_browser(
+    users, live_server_url, login, shot, tmp_path
+):
+    page = login("alice")
+    _open_data(page, live_server_url)
+    assert page.locator("#folders-empty").is_visible()
+
+    # A bad name is refused with the API's reason, and nothing is made.
+    page.fill("#folder-name", "../etc")
+    page.click("#folder-create-submit")
+    page.wait_for_selector("#folder-name-error:not([hidden])")
+    assert "letters, digits" in page.inner_text("#folder-name-error")
+    assert page.locator("#folders-body tr").count() == 0
+
+    page.fill("#folder-name", "results")
+    page.click("#folder-create-submit")
+    page.wait_for_selector('#folders-body tr[data-name="results"]')
+    assert "Created folder" in page.inner_text("#status")
+    shot(page, "folder-made")
+
+    # Into the file browser; upload two files by the file input.
+    page.click('#folders-body tr[data-name="results"] >> text=Browse')
+    page.wait_for_function("() => window.filesReady === true")
+    assert page.locator("#files-empty").is_visible()
+    one = tmp_path / "notes.txt"
+    one.write_text("first line\n")
+    two = tmp_path / "data.csv"
+    two.write_bytes(b"a,b\n" + b"1,2\n" * 50_000)
+    page.set_input_files("#upload-input", [str(one), str(two)])
+    page.wait_for_function("() => window.uploadsDone === 2")
+    assert page.locator('#upload-list li[data-state="done"]').count() == 2
+    assert _files(page) == {"notes.txt": "file", "data.csv": "file"}
+    assert _row(page, "data.csv").locator("td.num").inner_text() == "195.32 KiB"
+    shot(page, "uploaded")
+
+    # A directory, and a file uploaded into it after walking in.
+    page.fill("#mkdir-name", "plots")
+    page.click("#mkdir-submit")
+    page.wait_for_selector('#files-body tr[data-name="plots"][data-type="dir"]')
+    page.click('#files-body tr[data-name="plots"] a.file-name')
+    page.wait_for_url("**/folders/*/?path=plots")
+    assert _files(page) == {}
+    page.set_input_files("#upload-input", [str(one)])
+    page.wait_for_function("() => window.uploadsDone === 3")
+    assert _files(page) == {"notes.txt": "file"}
+    assert "/plots" in page.inner_text("#path-title")
+
+    # Download it: the same bytes.
+    with page.expect_download() as download:
+        _row(page, "notes.txt").locator('[data-action="download"]').click()
+    assert download.value.suggested_filename == "notes.txt"
+    assert open(download.value.path(), "rb").read() == b"first line\n"
+
+    # Back up by the breadcrumb; the directory as a zip holds the file.
+    page.click('#crumbs a[data-path=""]')
+    page.wait_for_function("() => window.filesReady === true")
+    with page.expect_download() as download:
+        _row(page, "plots").locator('[data-action="download"]').click()
+    archive = zipfile.ZipFile(io.BytesIO(open(download.value.path(), "rb").read()))
+    assert [(i.filename, archive.read(i)) for i in archive.infolist() if not i.is_dir()] == [
+        ("plots/notes.txt", b"first line\n")
+    ] or [(i.filename, archive.read(i)) for i in archive.infolist() if not i.is_dir()] == [
+        ("notes.txt", b"first line\n")
+    ]
+
+    # Rename in place.
+    _row(page, "notes.txt").locator('[data-action="rename"]').click()
+    page.fill('#files-body input[aria-label="New name for notes.txt"]', "README.txt")
+    page.click('[data-action="rename-save"]')
+    page.wait_for_selector('#files-body tr[data-name="README.txt"]')
+    assert "notes.txt" not in _files(page)
+    shot(page, "renamed")
+
+    # Delete a file and the directory (the page asks first).
+    page.once("dialog", lambda dialog: dialog.accept())
+    _row(page, "README.txt").locator('[data-action="delete"]').click()
+    page.wait_for_selector('#files-body tr[data-name="README.txt"]', state="detached")
+    page.once("dialog", lambda dialog: dialog.accept())
+    _row(page, "plots").locator('[data-action="delete"]').click()
+    page.wait_for_selector('#files-body tr[data-name="plots"]', state="detached")
+    assert _files(page) == {"data.csv": "file"}
+    shot(page, "deleted")
+
+    # The list counts what is left.
+    _open_data(page, live_server_url)
+    listed = page.locator('#folders-body tr[data-name="results"]')
+    assert listed.locator('[data-role="files"]').inner_text() == "1"
+    assert listed.locator('[data-role="size"]').inner_text() == "195.32 KiB"
+    assert page.inner_text("#quota-folders") == "1"
+    assert page.js_errors == []
+
+
+def test_a_read_only_share_shows_the_invitee_no_writes_and_revoking_is_explained(
+    users, live_server_url, login, shot
+):
+    from sessions_app import services
+
+    folder = _orm(services.folder_create, owner=users["alice"], name="dataset")
+    (folder.host_path / "train.csv").write_text("x,y\n")
+
+    page = login("alice")
+    _open_data(page, live_server_url)
+    page.click('#folders-body tr[data-name="dataset"] [data-action="share"]')
+    page.fill("#share-user", "nobody-here")
+    page.click("#share-submit")
+    page.wait_for_selector("#share-error:not([hidden])")
+    assert "nobody-here" in page.inner_text("#share-error")
+    page.fill("#share-user", "bob")
+    page.click("#share-submit")
+    page.wait_for_selector('#share-list li[data-user="bob"]')
+    assert "read-only" in page.inner_text('#share-list li[data-user="bob"]')
+    assert "running sessions keep their mount" in page.inner_text("#share-modal")
+    shot(page, "shared-with-bob")
+    page.click("#share-modal [data-close] >> nth=-1")
+
+    other = login("bob", screenshot=False)
+    _open_data(other, live_server_url)
+    row = other.locator('#folders-body tr[data-name="dataset"]')
+    assert "alice’s · read-only" in row.inner_text()
+    assert row.locator('[data-action="delete"]').count() == 0
+    row.locator("text=Browse").click()
+    assert _files(other) == {"train.csv": "file"}
+    assert other.locator("#write-actions").is_hidden()
+    assert other.locator('#files-body [data-action="delete"]').count() == 0
+    assert "read-only" in other.inner_text("#folder-note")
+    shot(other, "bob-reads-alices-folder")
+
+    # Revoked: bob's list no longer has it, and his link answers "no such folder".
+    page.click('#folders-body tr[data-name="dataset"] [data-action="share"]')
+    page.click('#share-list li[data-user="bob"] [data-action="revoke"]')
+    page.wait_for_selector('#share-list li[data-user="bob"]', state="detached")
+    assert "running ones keep their mount" in page.inner_text("#status")
+    other.reload()
+    other.wait_for_function("() => window.filesReady === true")
+    assert "No such folder" in other.inner_text("#error")
+    assert page.js_errors == [] and other.js_errors == []
+
+
+def test_ssh_keys_are_added_refused_when_bad_and_deleted_on_the_profile(
+    users, live_server_url, login, shot
+):
+    page = login("alice")
+    page.click("nav.topnav >> text=Profile")
+    page.wait_for_function("() => window.keysReady === true")
+    page.fill("#key-name", "laptop")
+    page.fill("#key-text", "ssh-ed25519 not-base64!")
+    page.click("#key-add")
+    page.wait_for_selector("#key-error:not([hidden])")
+    assert page.locator('#keys-body tr[data-name="laptop"]').count() == 0
+    page.fill("#key-text", _ed25519_public_key())
+    page.click("#key-add")
+    page.wait_for_selector('#keys-body tr[data-name="laptop"]')
+    fingerprint = page.inner_text('#keys-body tr[data-name="laptop"] [data-role="fingerprint"]')
+    assert fingerprint.startswith("SHA256:")
+    shot(page, "ssh-key-added")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click('#keys-body tr[data-name="laptop"] [data-action="delete"]')
+    page.wait_for_selector('#keys-body tr[data-name="laptop"]', state="detached")
+    assert page.js_errors == []

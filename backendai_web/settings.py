@@ -159,6 +159,8 @@ STATICFILES_DIRS = [
     BASE_DIR / "static",
     # xterm.js and its fit addon come from npm (package.json), never committed.
     ("vendor/xterm", BASE_DIR / "node_modules" / "@xterm"),
+    # uPlot draws the Serving page's charts.
+    ("vendor/uplot", BASE_DIR / "node_modules" / "uplot" / "dist"),
 ]
 # axe-core (an npm devDependency) is what the e2e tests inject into every page
 # they visit to check its accessibility: served like xterm, from our own origin,
@@ -313,6 +315,9 @@ BAI_MAX_TERMINALS_PER_USER = env_int("BAI_MAX_TERMINALS_PER_USER", 16, minimum=1
 # Agents dial BAI_APPS_TUNNEL_URL for every proxied connection.
 BAI_APPS_PORT = env_int("BAI_APPS_PORT", 8001, minimum=1)
 BAI_APPS_ORIGIN = env_str("BAI_APPS_ORIGIN", f"http://apps.localhost:{BAI_APPS_PORT}")
+# The Serving page's "try it" box calls an endpoint's router URL on the apps origin with a
+# bearer token (never a cookie: it sends credentials "omit"), so pages may connect there.
+CONTENT_SECURITY_POLICY["DIRECTIVES"]["connect-src"] = [SELF, BAI_APPS_ORIGIN]
 BAI_APPS_TUNNEL_URL = env_str("BAI_APPS_TUNNEL_URL", f"ws://127.0.0.1:{BAI_APPS_PORT}")
 BAI_APP_LINK_TTL = env_int("BAI_APP_LINK_TTL", 60, minimum=5)
 BAI_APP_COOKIE_TTL = env_int("BAI_APP_COOKIE_TTL", 12 * 3600, minimum=60)

@@ -12,6 +12,7 @@ urlpatterns = [
         name="api-docs",
     ),
     path("api/v1/", include("sessions_app.urls_api")),
+    path("serving/", include("serving_app.pages")),
     path("", include("sessions_app.urls")),
 ]
 

@@ -190,6 +190,7 @@ function updateTotal() {
   }
   renderRoles(plan);
   $("batch-fields").hidden = radioValue("type") !== "batch";
+  $("inference-note").hidden = radioValue("type") !== "inference";
   renderPresets();
   updateTimeoutHint();
   updateStartsHint();

@@ -1074,8 +1074,12 @@ class PathQuerySerializer(serializers.Serializer):
     class Meta:
         ref_name = "FolderPathQuery"
 
+    # Blank passes here so that ``clean_path`` says why it is refused.
     path = serializers.CharField(
-        max_length=folder_files.MAX_PATH_BYTES, trim_whitespace=False, help_text=PATH_HELP
+        max_length=folder_files.MAX_PATH_BYTES,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text=PATH_HELP,
     )
 
 

@@ -373,7 +373,8 @@ def _check_mounts(
     targets: dict[str, str] = {}
     for entry in names:
         user, _, name = entry.rpartition("/") if "/" in entry else ("", "", entry)
-        if not FOLDER_NAME.fullmatch(name) or (user and not FOLDER_OWNER.fullmatch(user)):
+        bad_owner = user and (not FOLDER_OWNER.fullmatch(user) or user in (".", ".."))
+        if not FOLDER_NAME.fullmatch(name) or bad_owner:
             bad(
                 "mounts",
                 f"{entry!r} is not a folder name (a path outside your folders is never mounted)",

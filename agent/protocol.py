@@ -125,7 +125,8 @@ EXEC_OUTPUT_LIMIT_MAX = 256 * 1024 * 1024
 #  "kernels": [KernelSpec, ...]}  -- only the kernels placed on this agent.
 # KernelSpec: {"kernel_id": str, "hostname": "main1"|"subN", "role": "main"|"sub",
 #   "image": str, "slots": {slot: str}, "env": {str: str},
-#   "mounts": [{"name": str, "host_path": str}], "startup_command": str|None,
+#   "mounts": [{"name": str, "host_path": str, "readonly"?: true}], "startup_command": str|None,
+#   (a read-only mount is a read-only share: a backend that cannot make one refuses the kernel)
 #   "cluster_hosts": ["main1", "sub1", ...], "service_ports": [int, ...]}
 #   service_ports: main1's app ports (the image's and the user's); a kernel with any
 #   is given a network even when alone, so that the agent's host reaches it.

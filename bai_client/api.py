@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from typing import Any
+from typing import IO, Any
 
 # A session in one of these will never run again.
 ENDED = frozenset({"TERMINATED", "ERROR", "CANCELLED"})
+STREAM_BLOCK = 1024 * 1024
 
 
 class ApiError(Exception):
@@ -67,6 +69,74 @@ class Client:
         except urllib.error.URLError as exc:
             raise ApiError(0, f"cannot reach {self.manager}: {exc.reason}") from None
         return json.loads(raw) if raw else None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        parts = urllib.parse.urlsplit(self.manager)
+        kind = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        # Large blocks: a file streams at disk speed, not 8 KiB at a time.
+        return kind(parts.netloc, timeout=self.timeout, blocksize=STREAM_BLOCK)
+
+    def _stream_request(
+        self, method: str, path: str, query: dict[str, str], body: IO[bytes] | None, size: int = 0
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        headers = {"Authorization": f"Token {self.token}"} if self.token else {}
+        if body is not None:
+            headers.update(
+                {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+            )
+        base = urllib.parse.urlsplit(self.manager).path.rstrip("/")
+        url = f"{base}/api/v1/{path.lstrip('/')}?{urllib.parse.urlencode(query)}"
+        conn = self._connection()
+        try:
+            conn.request(method, url, body=body, headers=headers)
+            response = conn.getresponse()
+        except OSError as exc:
+            conn.close()
+            raise ApiError(0, f"cannot reach {self.manager}: {exc}") from None
+        if response.status >= 400:
+            raw = response.read()
+            conn.close()
+            raise _error(response.status, raw)
+        return conn, response
+
+    def upload(self, path: str, query: dict[str, str], body: IO[bytes], size: int) -> Any:
+        """PUT a file's bytes as they are read (never the whole file in memory)."""
+        conn, response = self._stream_request("PUT", path, query, body, size)
+        try:
+            return json.loads(response.read())
+        finally:
+            conn.close()
+
+    def download(self, path: str, query: dict[str, str], out: IO[bytes]) -> int:
+        """GET a body into ``out`` as it arrives; returns the bytes written."""
+        conn, response = self._stream_request("GET", path, query, None)
+        try:
+            written = 0
+            while chunk := response.read(STREAM_BLOCK):
+                out.write(chunk)
+                written += len(chunk)
+            return written
+        finally:
+            conn.close()
+
+    def folder(self, ref: str) -> dict[str, Any]:
+        """The folder ``ref`` names: an id, a name (yours first) or ``owner/name``."""
+        folders = self.call("GET", "folders/")
+        owner, _, name = ref.rpartition("/")
+        for match in (
+            lambda f: str(f["id"]) == ref,
+            lambda f: (
+                f["name"] == name
+                and (f["owner"] == owner or not owner and f["permission"] == "owner")
+            ),
+            lambda f: f["name"] == name and not owner,
+        ):
+            found = [f for f in folders if match(f)]
+            if found:
+                return found[0]
+        raise ApiError(404, f"You have no folder named {ref!r}.")
 
     def websocket_url(self, path: str) -> str:
         """``ws(s)://<manager>/ws/<path>``: the manager's websockets live beside its API."""

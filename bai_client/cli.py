@@ -1,5 +1,5 @@
 """The ``bai`` command: ``login``, ``sessions list|show|create|terminate``,
-``logs``, ``exec``, ``run``, ``app``.
+``logs``, ``exec``, ``run``, ``app``, ``folders list|create|upload|download``.
 
 Sessions are named by id or by name. Errors are the manager's words, exit
 status 1; usage errors exit 2. ``exec`` and ``run`` exit with the run's status.
@@ -8,8 +8,10 @@ status 1; usage errors exit 2. ``exec`` and ``run`` exit with the run's status.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import click
@@ -304,3 +306,104 @@ def app(session: str, app: str, bind: str) -> None:
         click.echo("Stopped.", err=True)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {bind}: {exc.strerror}") from None
+
+
+# --- folders -------------------------------------------------------------------------------
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def folders(ctx: click.Context) -> None:
+    """Your data folders and those shared with you (with no command: list them)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(folders_list)
+
+
+@folders.command("list")
+@json_option
+def folders_list(as_json: bool) -> None:
+    """List folders: size, files, who may write, live sessions mounting each."""
+    rows = _api(lambda: _client().call("GET", "folders/"))
+    output.echo_json(rows) if as_json else output.folders_table(rows)
+
+
+@folders.command("create")
+@click.argument("name")
+@json_option
+def folders_create(name: str, as_json: bool) -> None:
+    """Create the folder NAME."""
+    folder = _api(lambda: _client().call("POST", "folders/", {"name": name}))
+    output.echo_json(folder) if as_json else click.echo(
+        f"Folder {folder['name']} ({folder['id']}) created."
+    )
+
+
+def _local_files(sources: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(local path, path in the folder) of every regular file the sources name:
+    a file by its name, a directory with its tree under its own name."""
+    found = []
+    for source in sources:
+        source = source.rstrip("/") or "/"
+        base = os.path.basename(source)
+        if os.path.isfile(source):
+            found.append((source, base))
+        elif os.path.isdir(source):
+            for top, dirs, files in os.walk(source):
+                dirs.sort()
+                rel = os.path.relpath(top, source)
+                for name in sorted(files):
+                    inside = "/".join(p for p in (base, rel, name) if p and p != ".")
+                    if os.path.isfile(os.path.join(top, name)):
+                        found.append((os.path.join(top, name), inside))
+        else:
+            raise click.ClickException(f"{source}: no such file or directory")
+    return found
+
+
+@folders.command("upload")
+@click.argument("folder")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--to", "target", default="", help="A directory in the folder (default: its top).")
+def folders_upload(folder: str, sources: tuple[str, ...], target: str) -> None:
+    """Upload files and directory trees SOURCES into FOLDER (name, owner/name or id)."""
+    client = _client()
+    found = _api(lambda: client.folder(folder))
+    prefix = target.strip("/")
+    for local, inside in _local_files(sources):
+        path = f"{prefix}/{inside}" if prefix else inside
+        size = os.path.getsize(local)
+        with open(local, "rb") as body:
+            endpoint = f"folders/{found['id']}/files/content/"
+            _api(partial(client.upload, endpoint, {"path": path}, body, size))
+        _say(f"{path} ({output.size(size)})")
+
+
+@folders.command("download")
+@click.argument("folder")
+@click.argument("path", default="")
+@click.option(
+    "-o", "--output", "out", help="Where to write (default: the name, in this directory)."
+)
+def folders_download(folder: str, path: str, out: str | None) -> None:
+    """Download PATH from FOLDER: a file as it is, a directory (or the whole folder,
+    with no PATH) as a zip."""
+    client = _client()
+    found = _api(lambda: client.folder(folder))
+    path = path.strip("/")
+    parent, _, name = path.rpartition("/")
+    is_file = False
+    if path:
+        listing = _api(lambda: client.call("GET", f"folders/{found['id']}/files/", path=parent))
+        entry = next((e for e in listing["entries"] if e["name"] == name), None)
+        if entry is None:
+            raise click.ClickException(f"{path}: no such file or directory in {found['name']}")
+        is_file = entry["type"] == "file"
+    if is_file:
+        endpoint, target = "files/content/", out or name
+    else:
+        endpoint, target = "archive/", out or f"{name or found['name']}.zip"
+    with open(target, "wb") as sink:
+        written = _api(
+            lambda: client.download(f"folders/{found['id']}/{endpoint}", {"path": path}, sink)
+        )
+    _say(f"{target} ({output.size(written)})")

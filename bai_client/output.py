@@ -96,3 +96,25 @@ def session_details(session: dict[str, Any]) -> None:
             for k in session["kernels"]
         ],
     )
+
+
+def size(value: int) -> str:
+    return units.format_size_rounded(int(value))
+
+
+def folders_table(folders: list[dict[str, Any]]) -> None:
+    table(
+        ["ID", "NAME", "OWNER", "ACCESS", "SIZE", "FILES", "MOUNTED BY"],
+        [
+            [
+                f["id"],
+                f["name"],
+                f["owner"],
+                f["permission"],
+                size(f["size_bytes"]),
+                f["file_count"],
+                ", ".join(m["name"] for m in f["mounted_by"]) or "-",
+            ]
+            for f in folders
+        ],
+    )

@@ -18,6 +18,8 @@ Sizes
     powers of 1024; a fraction of a byte rounds half up.
     ``format_size``: the largest binary unit in which the size is exact to two decimal places
     (``1.5 GiB``, ``768 MiB``, ``1000 B``), so parsing the text gives the same size back.
+    ``format_size_rounded``: a size as people read it in a sentence, to one decimal place in the
+    largest binary unit it reaches (``900.0 MiB``, ``1.1 GiB``, ``512 B``): for usage figures.
 Slot amounts
     ``parse_amount``: an exact, finite, non-negative decimal (``2``, ``"0.5"``) with at most
     ``MAX_AMOUNT_DIGITS`` digits before the point and ``MAX_AMOUNT_PLACES`` after it.
@@ -179,6 +181,18 @@ def format_size(size: int | Decimal) -> str:
                 if hundredths.denominator == 1:
                     return f"{format_decimal(Decimal(hundredths.numerator).scaleb(-2))} {label}"
     return f"{format_decimal(value)} B"
+
+
+def format_size_rounded(size: int) -> str:
+    """``943718400`` -> ``900.0 MiB``; ``1181116006`` -> ``1.1 GiB``; ``512`` -> ``512 B``
+    (rounded half up; not meant to be parsed back)."""
+    if size < 0:
+        return f"-{format_size_rounded(-size)}"
+    for label, unit in _SIZE_LABELS:
+        if size >= unit:
+            tenths = (size * 10 + unit // 2) // unit
+            return f"{tenths // 10}.{tenths % 10} {label}"
+    return f"{size} B"
 
 
 # --- slot amounts -------------------------------------------------------------------------------

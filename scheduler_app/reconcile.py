@@ -138,7 +138,15 @@ def create_kernels_command(*, session: Session, kernels: list[Kernel]) -> dict[s
     """The create_kernels message for the kernels of ``session`` on one agent."""
     all_kernels = list(session.kernels.order_by("local_rank"))
     hosts = [k.cluster_hostname for k in all_kernels]
-    mounts = [{"name": f.name, "host_path": str(f.host_path)} for f in session.mounts.all()]
+    readonly = {f.pk for f in session.readonly_mounts.all()}
+    mounts = [
+        {
+            "name": f.name,
+            "host_path": str(f.host_path),
+            **({"readonly": True} if f.pk in readonly else {}),
+        }
+        for f in session.mounts.all()
+    ]
     # main1's service ports: a kernel that has any gets a network even when alone.
     app_ports = [app.port for app in session_apps(session=session)]
     return {

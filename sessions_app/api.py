@@ -3,17 +3,21 @@ the selectors, call one service, serialise."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import inspect
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from django.contrib.auth import authenticate
-from django.http import HttpResponse, QueryDict
+from django.db.models import Prefetch
+from django.http import HttpResponse, QueryDict, StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -29,8 +33,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent import protocol
+from bai_common import units
 
-from . import deadlines, execution, selectors, services, tokens
+from . import deadlines, execution, folder_files, selectors, services, tokens
 from . import slots as slotlib
 from .auth import LoginFailureThrottle
 from .errors import (
@@ -38,12 +43,24 @@ from .errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    PayloadTooLarge,
     TooManyRequests,
     field_error,
 )
 from .launch import FOLDER_NAME
 from .loop import db
-from .models import ExecutionRun, Kernel, ResourcePreset, Session, SessionTemplate, Status
+from .models import (
+    ACTIVE,
+    DataFolder,
+    ExecutionRun,
+    FolderPermission,
+    FolderShare,
+    Kernel,
+    ResourcePreset,
+    Session,
+    SessionTemplate,
+    Status,
+)
 from .openapi import errors
 from .preview import VERDICTS, launch_preview
 from .specs import EXECUTE_SCHEMA, LAUNCH_SCHEMA, SPEC_SCHEMA, TEMPLATE_NAME, openapi_schema
@@ -884,10 +901,94 @@ class TemplateImportApi(APIView):
 # --- folders ----------------------------------------------------------------
 
 
+class FolderSessionSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField()
+
+
+class FolderShareSerializer(serializers.Serializer):
+    user = serializers.CharField(source="user.username")
+    permission = serializers.ChoiceField(choices=FolderPermission.choices)
+
+
 class FolderSerializer(serializers.Serializer):
+    """A folder as one user sees it (``context["user"]``)."""
+
     id = serializers.IntegerField()
     name = serializers.CharField()
+    owner = serializers.CharField(source="owner.username")
+    permission = serializers.SerializerMethodField(
+        help_text='"owner" (also an admin\'s), or the share\'s "rw" / "ro".'
+    )
+    size_bytes = serializers.SerializerMethodField(help_text="Regular files; links not followed.")
+    file_count = serializers.SerializerMethodField()
+    size_complete = serializers.SerializerMethodField(
+        help_text="false: the walk stopped at its time bound; the figures are a lower bound."
+    )
     created_at = serializers.DateTimeField()
+    mounted_by = serializers.SerializerMethodField(
+        help_text="Live sessions mounting it: every one for its owner and admins, "
+        "else the caller's own."
+    )
+    shares = serializers.SerializerMethodField(help_text="For its owner and admins; else [].")
+
+    def _user(self) -> Any:
+        return self.context["user"]
+
+    def _manages(self, obj: DataFolder) -> bool:
+        return obj.owner_id == self._user().pk or bool(self._user().is_staff)
+
+    def _usage(self, obj: DataFolder) -> Any:
+        if not hasattr(obj, "_usage"):
+            obj._usage = selectors.folder_usage(folder=obj)
+        return obj._usage
+
+    @extend_schema_field(serializers.ChoiceField(choices=["owner", "rw", "ro"]))
+    def get_permission(self, obj: DataFolder) -> str:
+        if obj.owner_id == self._user().pk:
+            return "owner"
+        share = next((s for s in obj.shares.all() if s.user_id == self._user().pk), None)
+        return share.permission if share is not None else "owner"
+
+    def get_size_bytes(self, obj: DataFolder) -> int:
+        return int(self._usage(obj).bytes)
+
+    def get_file_count(self, obj: DataFolder) -> int:
+        return int(self._usage(obj).files)
+
+    def get_size_complete(self, obj: DataFolder) -> bool:
+        return bool(self._usage(obj).complete)
+
+    @extend_schema_field(FolderSessionSerializer(many=True))
+    def get_mounted_by(self, obj: DataFolder) -> list[dict[str, str]]:
+        live = getattr(obj, "live_sessions", None)
+        if live is None:
+            live = list(selectors.folder_sessions_mounting(folder=obj))
+        if not self._manages(obj):
+            live = [s for s in live if s.owner_id == self._user().pk]
+        return [{"id": str(s.pk), "name": s.name} for s in live]
+
+    @extend_schema_field(FolderShareSerializer(many=True))
+    def get_shares(self, obj: DataFolder) -> list[dict[str, str]]:
+        if not self._manages(obj):
+            return []
+        return [{"user": s.user.username, "permission": s.permission} for s in obj.shares.all()]
+
+
+def _folders_with_details(qs: Any) -> Any:
+    return qs.prefetch_related(
+        Prefetch("shares", queryset=FolderShare.objects.select_related("user")),
+        Prefetch(
+            "sessions",
+            queryset=Session.objects.filter(status__in=ACTIVE).order_by("created_at"),
+            to_attr="live_sessions",
+        ),
+    )
+
+
+def _folder_out(request: Request, folder: DataFolder) -> dict[str, Any]:
+    folder = _folders_with_details(DataFolder.objects.select_related("owner")).get(pk=folder.pk)
+    return FolderSerializer(folder, context={"user": request.user}).data
 
 
 class FolderListCreateApi(APIView):
@@ -907,25 +1008,387 @@ class FolderListCreateApi(APIView):
 
     @extend_schema(responses=FolderSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(
-            FolderSerializer(selectors.folders_for_user(user=request.user), many=True).data
-        )
+        """Own folders and those shared with the caller, with size, file count,
+        the live sessions mounting each and (for the owner) its shares."""
+        folders = _folders_with_details(selectors.folders_for_user(user=request.user))
+        return Response(FolderSerializer(folders, many=True, context={"user": request.user}).data)
 
     @extend_schema(request=InputSerializer, responses={201: FolderSerializer, **errors(409)})
     def post(self, request: Request) -> Response:
+        """Refused past the policy's ``max_folders`` (403, with the figures)."""
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         folder = services.folder_create(owner=request.user, name=data.validated_data["name"])
-        return Response(FolderSerializer(folder).data, status=status.HTTP_201_CREATED)
+        return Response(_folder_out(request, folder), status=status.HTTP_201_CREATED)
 
 
-class FolderDeleteApi(APIView):
+class FolderQuotaApi(APIView):
+    @extend_schema(
+        responses=inline_serializer(
+            "FolderQuota",
+            {
+                "folder_count": serializers.IntegerField(),
+                "max_folders": serializers.IntegerField(allow_null=True),
+                "used_bytes": serializers.IntegerField(),
+                "max_bytes": serializers.IntegerField(allow_null=True),
+            },
+        )
+    )
+    def get(self, request: Request) -> Response:
+        """The caller's storage quota and use (nulls: unlimited)."""
+        quota = selectors.folder_quota(user=request.user)
+        return Response(
+            {
+                "folder_count": quota.folder_count,
+                "max_folders": quota.max_folders,
+                "used_bytes": quota.used_bytes,
+                "max_bytes": quota.max_bytes,
+            }
+        )
+
+
+class FolderDetailApi(APIView):
+    @extend_schema(responses=FolderSerializer)
+    def get(self, request: Request, folder_id: int) -> Response:
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        return Response(_folder_out(request, access.folder))
+
     @extend_schema(responses={204: None, **errors(409)})
     def delete(self, request: Request, folder_id: int) -> Response:
-        folder = selectors.folders_for_user(user=request.user).filter(pk=folder_id).first()
-        if folder is None:
-            raise NotFound("No such folder.")
-        services.folder_delete(folder=folder)
+        """Refused (409, naming every one) while live sessions mount it. Owner or admin."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        access.require_manage()
+        services.folder_delete(folder=access.folder)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# Files inside a folder. ``path`` is relative to the folder (``folder_files.clean_path``).
+
+PATH_HELP = (
+    "Relative to the folder, '/'-separated; no '..', '.', empty part or NUL; "
+    f"at most {folder_files.MAX_PATH_BYTES} bytes and {folder_files.MAX_DEPTH} levels."
+)
+
+
+class PathQuerySerializer(serializers.Serializer):
+    class Meta:
+        ref_name = "FolderPathQuery"
+
+    # Blank passes here so that ``clean_path`` says why it is refused.
+    path = serializers.CharField(
+        max_length=folder_files.MAX_PATH_BYTES,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text=PATH_HELP,
+    )
+
+
+class OptionalPathQuerySerializer(serializers.Serializer):
+    class Meta:
+        ref_name = "FolderOptionalPathQuery"
+
+    path = serializers.CharField(
+        max_length=folder_files.MAX_PATH_BYTES,
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text=PATH_HELP + " Empty or absent: the folder itself.",
+    )
+
+
+def _path_query(request: Request, *, allow_root: bool) -> tuple[str, ...]:
+    serializer = OptionalPathQuerySerializer if allow_root else PathQuerySerializer
+    return folder_files.clean_path(_query(request, serializer)["path"], allow_root=allow_root)
+
+
+class FileEntrySerializer(serializers.Serializer):
+    name = serializers.CharField()
+    path = serializers.CharField()
+    type = serializers.ChoiceField(choices=["file", "dir", "symlink", "other"])
+    size = serializers.IntegerField(help_text="Bytes of a regular file; 0 for anything else.")
+    modified = serializers.DateTimeField()
+
+
+class FolderFilesApi(APIView):
+    @extend_schema(
+        parameters=[OptionalPathQuerySerializer],
+        responses=inline_serializer(
+            "FolderListing",
+            {
+                "path": serializers.CharField(),
+                "entries": FileEntrySerializer(many=True),
+                "truncated": serializers.BooleanField(
+                    help_text=f"More than {folder_files.MAX_LIST_ENTRIES} entries: cut there."
+                ),
+            },
+        ),
+    )
+    def get(self, request: Request, folder_id: int) -> Response:
+        """A directory's entries, directories first then by name. Symbolic links
+        are listed as "symlink" and never followed."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        parts = _path_query(request, allow_root=True)
+        entries, truncated = folder_files.list_dir(access.folder.host_path, parts)
+        tz = datetime.UTC
+        return Response(
+            {
+                "path": "/".join(parts),
+                "entries": [
+                    {
+                        "name": e.name,
+                        "path": e.path,
+                        "type": e.type,
+                        "size": e.size,
+                        "modified": datetime.datetime.fromtimestamp(e.modified, tz).isoformat(),
+                    }
+                    for e in entries
+                ],
+                "truncated": truncated,
+            }
+        )
+
+    @extend_schema(parameters=[PathQuerySerializer], responses={204: None})
+    def delete(self, request: Request, folder_id: int) -> Response:
+        """Delete a file, a directory (with everything in it) or a link (never its target)."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        access.require_write()
+        folder_files.remove(access.folder.host_path, _path_query(request, allow_root=False))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+MAX_UPLOAD_BYTES = 1024**4  # 1 TiB: past every sensible quota; bounds Content-Length
+
+
+def _content_length(request: Request) -> int | None:
+    raw = request.META.get("CONTENT_LENGTH") or ""
+    if raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 15:
+        raise InvalidInput(f"Content-Length: {raw[:32]!r} is not a byte count")
+    length = int(raw)
+    if length > MAX_UPLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"Upload refused: {units.format_size_rounded(length)} is more than one upload may "
+            f"carry ({units.format_size_rounded(MAX_UPLOAD_BYTES)})."
+        )
+    return length
+
+
+async def _stream(chunks: Iterator[bytes], batch: int = folder_files.CHUNK) -> AsyncIterator[bytes]:
+    """A blocking chunk source (a file, a zip being made) served from the event
+    loop: each batch is pulled in a worker thread, so neither the loop nor the
+    single thread of sync views waits on the disk, and nothing is gathered in
+    memory beyond one batch (Django would turn a sync iterator into a list)."""
+
+    def pull() -> bytes:
+        out, size = [], 0
+        for chunk in chunks:
+            out.append(chunk)
+            size += len(chunk)
+            if size >= batch:
+                break
+        return b"".join(out)
+
+    try:
+        while data := await asyncio.to_thread(pull):
+            yield data
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
+
+
+class FolderFileContentApi(AsyncApiView):
+    @extend_schema(
+        parameters=[PathQuerySerializer],
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The file, as an attachment."
+            )
+        },
+    )
+    async def get(self, request: Request, folder_id: int) -> StreamingHttpResponse:
+        """Download a file. A symbolic link anywhere on the path: 404 saying so."""
+        access = await db(selectors.get_folder_for_user)(user=request.user, folder_id=folder_id)
+        parts = _path_query(request, allow_root=False)
+        fd, size = await asyncio.to_thread(folder_files.open_file, access.folder.host_path, parts)
+        response = StreamingHttpResponse(
+            _stream(folder_files.read_chunks(fd)), content_type="application/octet-stream"
+        )
+        response["Content-Length"] = str(size)
+        response["Content-Disposition"] = _attachment(parts[-1])
+        return response
+
+    @extend_schema(
+        parameters=[PathQuerySerializer],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={
+            201: inline_serializer(
+                "FolderUpload",
+                {"path": serializers.CharField(), "size": serializers.IntegerField()},
+            ),
+            **errors(409, 413),
+        },
+    )
+    async def put(self, request: Request, folder_id: int) -> Response:
+        """Upload a file: the body is its bytes, streamed to disk (parents made; an
+        existing file replaced once the upload is complete; a failed one leaves
+        nothing). Past the owner's byte quota: 413 with the figures, before
+        reading when Content-Length is given, else as soon as the stream passes it."""
+        access = await db(selectors.get_folder_for_user)(user=request.user, folder_id=folder_id)
+        parts = _path_query(request, allow_root=False)
+        length = _content_length(request)
+        allowance = await db(services.folder_upload_allowance)(
+            access=access, user=request.user, parts=parts
+        )
+        body = request._request
+        size = await asyncio.to_thread(
+            services.folder_file_write,
+            folder=access.folder,
+            parts=parts,
+            chunks=iter(lambda: body.read(folder_files.CHUNK), b""),
+            allowance=allowance,
+            length=length,
+        )
+        return Response({"path": "/".join(parts), "size": size}, status=status.HTTP_201_CREATED)
+
+
+class FolderArchiveApi(AsyncApiView):
+    @extend_schema(
+        parameters=[OptionalPathQuerySerializer],
+        responses={
+            (200, "application/zip"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="A zip of the directory (stored), made as it is sent; links skipped.",
+            )
+        },
+    )
+    async def get(self, request: Request, folder_id: int) -> StreamingHttpResponse:
+        """The folder, or a directory in it, as a zip streamed on the fly."""
+        access = await db(selectors.get_folder_for_user)(user=request.user, folder_id=folder_id)
+        parts = _path_query(request, allow_root=True)
+        root = access.folder.host_path
+        # Refuse a missing directory or a link before the answer starts.
+        await asyncio.to_thread(folder_files.check_dir, root, parts)
+        response = StreamingHttpResponse(
+            _stream(folder_files.zip_chunks(root, parts)), content_type="application/zip"
+        )
+        response["Content-Disposition"] = _attachment(f"{(parts or (access.folder.name,))[-1]}.zip")
+        return response
+
+
+class FolderMkdirApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "FolderMkdirInput"
+
+        path = serializers.CharField(
+            max_length=folder_files.MAX_PATH_BYTES, trim_whitespace=False, help_text=PATH_HELP
+        )
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            201: inline_serializer("FolderMkdir", {"path": serializers.CharField()}),
+            **errors(409),
+        },
+    )
+    def post(self, request: Request, folder_id: int) -> Response:
+        """Make a directory (and any missing parents)."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        parts = folder_files.clean_path(data.validated_data["path"])
+        access.require_write()
+        folder_files.make_dir(access.folder.host_path, parts)
+        return Response({"path": "/".join(parts)}, status=status.HTTP_201_CREATED)
+
+
+class FolderRenameApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "FolderRenameInput"
+
+        path = serializers.CharField(
+            max_length=folder_files.MAX_PATH_BYTES, trim_whitespace=False, help_text=PATH_HELP
+        )
+        new_path = serializers.CharField(
+            max_length=folder_files.MAX_PATH_BYTES, trim_whitespace=False, help_text=PATH_HELP
+        )
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            200: inline_serializer(
+                "FolderRename",
+                {"path": serializers.CharField(), "new_path": serializers.CharField()},
+            ),
+            **errors(409),
+        },
+    )
+    def post(self, request: Request, folder_id: int) -> Response:
+        """Move a file, directory or link within the folder; the new path must not exist."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        src = folder_files.clean_path(data.validated_data["path"])
+        dst = folder_files.clean_path(data.validated_data["new_path"], field="new_path")
+        access.require_write()
+        folder_files.rename(access.folder.host_path, src, dst)
+        return Response({"path": "/".join(src), "new_path": "/".join(dst)})
+
+
+class FolderSharesOutSerializer(serializers.Serializer):
+    shares = FolderShareSerializer(many=True)
+    detail = serializers.CharField()
+
+
+def _shares_out(folder: DataFolder) -> dict[str, Any]:
+    shares = folder.shares.select_related("user").order_by("user__username")
+    return {
+        "shares": FolderShareSerializer(shares, many=True).data,
+        "detail": services.REVOKE_NOTE,
+    }
+
+
+class FolderSharesApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "FolderShareInput"
+
+        user = serializers.CharField(max_length=150, trim_whitespace=False)
+        permission = serializers.ChoiceField(choices=FolderPermission.choices)
+
+    @extend_schema(responses=FolderSharesOutSerializer)
+    def get(self, request: Request, folder_id: int) -> Response:
+        """Who the folder is shared with. Owner or admin."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        access.require_manage()
+        return Response(_shares_out(access.folder))
+
+    @extend_schema(request=InputSerializer, responses={201: FolderSharesOutSerializer})
+    def post(self, request: Request, folder_id: int) -> Response:
+        """Share with a user, read-only or read-write (again: change the permission)."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        access.require_manage()
+        services.folder_share_set(
+            folder=access.folder,
+            username=data.validated_data["user"],
+            permission=data.validated_data["permission"],
+        )
+        return Response(_shares_out(access.folder), status=status.HTTP_201_CREATED)
+
+
+class FolderShareDeleteApi(APIView):
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, folder_id: int, username: str) -> Response:
+        """Revoke a share: sessions started from now on no longer get the folder."""
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+        access.require_manage()
+        services.folder_share_revoke(folder=access.folder, username=username)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -44,6 +44,12 @@ class Forbidden(ApplicationError):
     status_code = status.HTTP_403_FORBIDDEN
 
 
+class PayloadTooLarge(ApplicationError):
+    """A body past a limit (an upload past the storage quota): the message gives the figures."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+
+
 class Conflict(ApplicationError):
     status_code = status.HTTP_409_CONFLICT
 

@@ -39,6 +39,8 @@ from .models import (
     AgentStatus,
     ClusterMode,
     DataFolder,
+    FolderPermission,
+    FolderShare,
     Image,
     ResourceGroup,
     ResourcePolicy,
@@ -52,6 +54,8 @@ from .specs import merge_spec, spec_errors
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SESSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# A user name as Django's validator allows it: the ``owner/`` of a shared folder's mount.
+FOLDER_OWNER = re.compile(r"[\w.@+-]{1,150}")
 RESERVED_ENV_PREFIX = "BACKENDAI_"
 DEFAULT_SLOTS = {"cpu": Decimal(1), "mem": Decimal(2**30)}
 # A start time is accepted this far ahead at most, and dates stay well inside
@@ -86,6 +90,8 @@ class LaunchPlan:
     template: SessionTemplate | None
     agents: tuple[str, ...]
     ports: tuple[int, ...] = ()
+    # A subset of ``folders``: read-only shares, mounted read-only.
+    readonly_folders: tuple[DataFolder, ...] = ()
 
     @property
     def kernel_slots(self) -> list[dict[str, Decimal]]:
@@ -178,6 +184,7 @@ def _plan(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, ResourcePo
     _check_image_allowed(image, group, "image", bad)
     cluster_mode = spec.get("cluster_mode") or ClusterMode.SINGLE_NODE
     main, sub, cluster_size = _check_cluster(spec, image, group, bad)
+    mounts = _check_mounts(owner, spec.get("mounts") or [], bad)
     plan = LaunchPlan(
         name=_check_name(spec.get("name"), bad),
         session_type=session_type,
@@ -188,7 +195,8 @@ def _plan(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, ResourcePo
         main=main,
         sub=sub,
         env=_check_env(spec.get("env") or {}, bad),
-        folders=_check_mounts(owner, spec.get("mounts") or [], bad),
+        folders=mounts[0],
+        readonly_folders=mounts[1],
         startup_command=_check_command(spec.get("startup_command") or "", session_type, bad),
         depends_on=_check_dependencies(owner, spec.get("depends_on") or [], bad),
         starts_at=_check_starts_at(spec.get("starts_at"), session_type, bad),
@@ -356,24 +364,62 @@ def _check_env(env: dict[str, str], bad: _Errors) -> dict[str, str]:
 
 def _check_mounts(
     owner: AbstractBaseUser, names: list[str], bad: _Errors
-) -> tuple[DataFolder, ...]:
-    """The owner's own folders by name, nothing else."""
+) -> tuple[tuple[DataFolder, ...], tuple[DataFolder, ...]]:
+    """(every folder, the read-only ones): own folders by name, and folders shared
+    with the owner, by name or as ``owner/name`` (own wins for a bare name). Each
+    is mounted at ``/home/work/<name>``, so two with one name are refused."""
     folders: list[DataFolder] = []
-    for name in names:
-        if not FOLDER_NAME.fullmatch(name):
+    readonly: list[DataFolder] = []
+    targets: dict[str, str] = {}
+    for entry in names:
+        user, _, name = entry.rpartition("/") if "/" in entry else ("", "", entry)
+        bad_owner = user and (not FOLDER_OWNER.fullmatch(user) or user in (".", ".."))
+        if not FOLDER_NAME.fullmatch(name) or bad_owner:
             bad(
                 "mounts",
-                f"{name!r} is not a folder name (a path outside your folders is never mounted)",
+                f"{entry!r} is not a folder name (a path outside your folders is never mounted)",
             )
             continue
-        folder = DataFolder.objects.filter(owner=owner, name=name).first()
+        qs = DataFolder.objects.filter(name=name).select_related("owner")
+        folder, permission = None, None
+        if not user or user == owner.get_username():
+            folder = qs.filter(owner=owner).first()
         if folder is None:
-            bad("mounts", f"you have no data folder named {name!r}")
+            shares = (
+                FolderShare.objects.filter(user=owner, folder__name=name)
+                .select_related("folder", "folder__owner")
+                .order_by("folder__owner__username")
+            )
+            if user:
+                shares = shares.filter(folder__owner__username=user)
+            found = list(shares[:2])
+            if len(found) > 1 and not user:
+                bad(
+                    "mounts",
+                    f"{name!r} is shared with you by {found[0].folder.owner.username!r} and "
+                    f"{found[1].folder.owner.username!r}: say which, as 'owner/{name}'",
+                )
+                continue
+            if found:
+                folder, permission = found[0].folder, found[0].permission
+        if folder is None:
+            where = (
+                f"{user!r} shares no" if user and user != owner.get_username() else "you have no"
+            )
+            bad("mounts", f"{where} data folder named {name!r}")
         elif folder in folders:
-            bad("mounts", f"{name!r} is listed twice")
+            bad("mounts", f"{entry!r} is listed twice")
+        elif name in targets:
+            bad(
+                "mounts",
+                f"{targets[name]!r} and {entry!r} would both be mounted at /home/work/{name}",
+            )
         else:
             folders.append(folder)
-    return tuple(folders)
+            targets[name] = entry
+            if permission == FolderPermission.READ_ONLY:
+                readonly.append(folder)
+    return tuple(folders), tuple(readonly)
 
 
 def _check_name(name: str | None, bad: _Errors) -> str:

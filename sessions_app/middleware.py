@@ -16,6 +16,9 @@ from backendai_web.serve import code_run_limit
 # The one endpoint whose bodies may be larger than BAI_MAX_BODY_BYTES: code of up
 # to BAI_EXEC_MAX_CODE bytes (``backendai_web.serve.code_run_limit``).
 _EXECUTE_PATH = re.compile(r"/api/v1/sessions/[^/]+/execute/")
+# A file upload: its body is streamed to disk, never read into memory, and bounded
+# by the view (the owner's storage quota, ``api.MAX_UPLOAD_BYTES``).
+_UPLOAD_PATH = re.compile(r"/api/v1/folders/[0-9]+/files/content/")
 
 
 class BodySizeLimitMiddleware:
@@ -32,6 +35,8 @@ class BodySizeLimitMiddleware:
             limit = max(limit, code_run_limit())
             if length <= limit:
                 _read_body(request)
+        if request.method == "PUT" and _UPLOAD_PATH.fullmatch(request.path):
+            return self.get_response(request)
         if limit is not None and length > limit and request.path.startswith("/api/"):
             return JsonResponse(
                 {
@@ -74,7 +79,12 @@ class JsonDepthLimitMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         limit = settings.BAI_MAX_JSON_DEPTH
-        if request.content_type.endswith("json") and request.method not in ("GET", "HEAD"):
+        uploading = request.method == "PUT" and _UPLOAD_PATH.fullmatch(request.path)
+        if (
+            request.content_type.endswith("json")
+            and request.method not in ("GET", "HEAD")
+            and not uploading
+        ):
             body = request.body
             # Fewer brackets than the limit cannot nest deeper: the common case costs two counts.
             if body.count(b"[") + body.count(b"{") > limit and json_nesting_depth(body) > limit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,8 +17,9 @@ from django.db.models.functions import Cast
 
 from bai_common import units
 
-from . import service_ports
-from .errors import NotFound
+from . import folder_files, service_ports
+from .errors import Forbidden, NotFound
+from .folder_files import Usage
 from .models import (
     ACTIVE,
     OCCUPYING,
@@ -25,6 +27,7 @@ from .models import (
     AgentStatus,
     DataFolder,
     ExecutionRun,
+    FolderPermission,
     Image,
     Kernel,
     ResourceGroup,
@@ -155,7 +158,102 @@ def session_events(*, session: Session) -> QuerySet[SessionEvent]:
 
 
 def folders_for_user(*, user: AbstractBaseUser) -> QuerySet[DataFolder]:
-    return DataFolder.objects.filter(owner=user)
+    """The user's own folders and those shared with them, each once."""
+    return (
+        DataFolder.objects.filter(Q(owner=user) | Q(shares__user=user))
+        .distinct()
+        .select_related("owner")
+        .order_by("name", "owner__username")
+    )
+
+
+@dataclass(frozen=True)
+class FolderAccess:
+    """What one user may do with one folder: ``permission`` is "owner" (also an
+    admin's, on any folder), "rw" or "ro" (a share's)."""
+
+    folder: DataFolder
+    permission: str
+    is_admin: bool = False
+
+    @property
+    def can_write(self) -> bool:
+        return self.permission != FolderPermission.READ_ONLY or self.is_admin
+
+    @property
+    def can_manage(self) -> bool:
+        """Delete the folder, change its shares: the owner and admins."""
+        return self.permission == "owner" or self.is_admin
+
+    def require_write(self) -> None:
+        if not self.can_write:
+            raise Forbidden(f"Folder {self.folder.name!r} is shared with you read-only.")
+
+    def require_manage(self) -> None:
+        if not self.can_manage:
+            raise Forbidden(f"Only the owner of folder {self.folder.name!r} may do that.")
+
+
+def get_folder_for_user(*, user: AbstractBaseUser, folder_id: object) -> FolderAccess:
+    """A folder the user owns, is shared with, or any folder for an admin; else
+    NotFound, the same for a folder that does not exist."""
+    folder = (
+        DataFolder.objects.select_related("owner").filter(pk=folder_id).first()
+        if isinstance(folder_id, int)
+        else None
+    )
+    if folder is None:
+        raise NotFound("No such folder.")
+    if folder.owner_id == user.pk:
+        return FolderAccess(folder, "owner", bool(user.is_staff))
+    share = folder.shares.filter(user=user).first()
+    if share is not None:
+        return FolderAccess(folder, share.permission, bool(user.is_staff))
+    if user.is_staff:
+        return FolderAccess(folder, "owner", True)
+    raise NotFound("No such folder.")
+
+
+def folder_sessions_mounting(*, folder: DataFolder) -> QuerySet[Session]:
+    """The live (not ended) sessions that mount a folder, oldest first."""
+    return folder.sessions.filter(status__in=ACTIVE).order_by("created_at")
+
+
+# A listing walks each folder for its size for at most this long; the quota check
+# walks all of a user's folders for at most this long.
+FOLDER_WALK_SECONDS = 2.0
+
+
+def folder_usage(*, folder: DataFolder, seconds: float = FOLDER_WALK_SECONDS) -> Usage:
+    """Bytes and files in a folder (a bounded walk: links never followed)."""
+    return folder_files.usage(folder.host_path, deadline=time.monotonic() + seconds)
+
+
+def storage_used(*, owner: AbstractBaseUser, seconds: float = FOLDER_WALK_SECONDS) -> int:
+    """Bytes held by all of a user's own folders (shared ones count for their owner)."""
+    deadline = time.monotonic() + seconds
+    return sum(
+        folder_files.usage(folder.host_path, deadline=deadline).bytes
+        for folder in DataFolder.objects.filter(owner=owner)
+    )
+
+
+@dataclass(frozen=True)
+class FolderQuota:
+    folder_count: int
+    max_folders: int | None
+    used_bytes: int
+    max_bytes: int | None
+
+
+def folder_quota(*, user: AbstractBaseUser) -> FolderQuota:
+    policy = policy_for_user(user=user)
+    return FolderQuota(
+        folder_count=DataFolder.objects.filter(owner=user).count(),
+        max_folders=policy.max_folders if policy else None,
+        used_bytes=storage_used(owner=user),
+        max_bytes=policy.max_folder_bytes if policy else None,
+    )
 
 
 def templates_for_user(

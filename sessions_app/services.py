@@ -15,6 +15,8 @@ import shutil
 import stat
 import uuid
 from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,17 +27,20 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agent import protocol
+from bai_common import units
 
-from . import live
+from . import folder_files, live, selectors
 from . import policy as rules
 from . import slots as slotlib
-from .errors import Conflict, NotFound, field_error
+from .errors import Conflict, NotFound, PayloadTooLarge, QuotaExceeded, field_error
 from .launch import FOLDER_NAME, LaunchPlan, name_conflict, plan_launch
 from .models import (
     ACTIVE,
     TERMINAL,
     TRANSITIONS,
     DataFolder,
+    FolderPermission,
+    FolderShare,
     Kernel,
     KernelRole,
     Session,
@@ -95,6 +100,7 @@ def _session_insert(*, owner: AbstractBaseUser, plan: LaunchPlan) -> Session:
         ssh_public_key=public_key,
     )
     session.mounts.set(plan.folders)
+    session.readonly_mounts.set(plan.readonly_folders)
     session.depends_on.set(plan.depends_on)
     kernels = [
         Kernel(
@@ -301,6 +307,7 @@ def session_touch(*, session_id: object, now: datetime | None = None) -> None:
 
 
 def folder_create(*, owner: AbstractBaseUser, name: str) -> DataFolder:
+    """A new, empty folder; refused past the owner's ``max_folders`` with the figures."""
     if not isinstance(name, str) or not FOLDER_NAME.fullmatch(name):
         raise field_error(
             "name", "use up to 64 letters, digits, '_' or '-', starting with a letter or digit"
@@ -309,7 +316,18 @@ def folder_create(*, owner: AbstractBaseUser, name: str) -> DataFolder:
         raise Conflict(
             f"You already have a folder named {name!r}.", {"fields": {"name": ["already exists"]}}
         )
+    policy = selectors.policy_for_user(user=owner)
     with transaction.atomic():
+        if policy is not None and policy.max_folders is not None:
+            # Serialise this owner's creations so two at once cannot both pass the count.
+            type(owner).objects.select_for_update().filter(pk=owner.pk).first()
+            count = DataFolder.objects.filter(owner=owner).count()
+            if count >= policy.max_folders:
+                raise QuotaExceeded(
+                    f"You have {count} folder{'s' if count != 1 else ''}, the most your "
+                    f"policy allows ({policy.max_folders}).",
+                    {"folder_count": count, "max_folders": policy.max_folders},
+                )
         folder = DataFolder.objects.create(owner=owner, name=name)
         path = folder.host_path
         root = settings.BAI_STORAGE_ROOT
@@ -330,13 +348,122 @@ def folder_create(*, owner: AbstractBaseUser, name: str) -> DataFolder:
 
 
 def folder_delete(*, folder: DataFolder) -> None:
-    in_use = folder.sessions.filter(status__in=ACTIVE).first()
-    if in_use is not None:
-        raise Conflict(f"Folder {folder.name!r} is mounted by active session {in_use.name!r}.")
+    """Delete a folder and its files; refused (naming every one) while live sessions mount it."""
+    in_use = [s.name for s in selectors.folder_sessions_mounting(folder=folder)]
+    if in_use:
+        names = ", ".join(repr(name) for name in in_use)
+        raise Conflict(
+            f"Folder {folder.name!r} is mounted by live session{'s' if len(in_use) > 1 else ''} "
+            f"{names}; terminate {'them' if len(in_use) > 1 else 'it'} first.",
+            {"sessions": in_use},
+        )
     path = folder.host_path
     folder.delete()
     if path.is_dir() and settings.BAI_STORAGE_ROOT in path.resolve().parents:
         shutil.rmtree(path, ignore_errors=True)
+
+
+REVOKE_NOTE = "Revoking affects sessions started from now on; running sessions keep their mount."
+
+
+def folder_share_set(
+    *, folder: DataFolder, username: str, permission: str
+) -> tuple[FolderShare, bool]:
+    """Share ``folder`` with a user (again: change the permission). Returns (share, created)."""
+    from django.contrib.auth import get_user_model
+
+    if permission not in FolderPermission.values:
+        raise field_error("permission", "must be 'ro' or 'rw'")
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise field_error("user", f"no user named {username!r}")
+    if user.pk == folder.owner_id:
+        raise field_error("user", "the folder is yours already; share it with someone else")
+    share, created = FolderShare.objects.update_or_create(
+        folder=folder, user=user, defaults={"permission": permission}
+    )
+    logger.info("folder %s shared with user %s (%s)", folder.pk, user.pk, permission)
+    return share, created
+
+
+def folder_share_revoke(*, folder: DataFolder, username: str) -> None:
+    deleted, _ = FolderShare.objects.filter(folder=folder, user__username=username).delete()
+    if not deleted:
+        raise NotFound(f"Folder {folder.name!r} is not shared with {username!r}.")
+    logger.info("folder %s no longer shared with %r", folder.pk, username)
+
+
+# --- files in folders -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UploadAllowance:
+    """How many bytes an upload may write: ``None`` when the owner has no byte quota."""
+
+    owner_name: str  # "your" or "alice's": whose folders the figures are about
+    used: int
+    max_bytes: int | None
+    replaced: int  # the size of the file the upload replaces
+
+    @property
+    def limit(self) -> int | None:
+        if self.max_bytes is None:
+            return None
+        return max(0, self.max_bytes - self.used + self.replaced)
+
+    def refusal(self, size: int, *, so_far: bool = False) -> PayloadTooLarge:
+        assert self.max_bytes is not None
+        after = self.used - self.replaced + size
+        shown = units.format_size_rounded
+        this = f"more than {shown(size)}" if so_far else shown(size)
+        return PayloadTooLarge(
+            f"Upload refused: {self.owner_name} folders hold {shown(self.used)} of "
+            f"{'your' if self.owner_name == 'your' else 'their'} {shown(self.max_bytes)} quota; "
+            f"this file ({this}) would take them to {'more than ' if so_far else ''}"
+            f"{shown(after)}.",
+            {"used_bytes": self.used, "max_bytes": self.max_bytes, "file_bytes": size},
+        )
+
+
+def folder_upload_allowance(
+    *, access: selectors.FolderAccess, user: AbstractBaseUser, parts: tuple[str, ...]
+) -> UploadAllowance:
+    """The room an upload into ``access.folder`` has under its owner's byte quota
+    (shared folders count for their owner, also when a sharee writes)."""
+    access.require_write()
+    folder = access.folder
+    policy = selectors.policy_for_user(user=folder.owner)
+    max_bytes = policy.max_folder_bytes if policy is not None else None
+    if max_bytes is None:
+        return UploadAllowance("your", 0, None, 0)
+    return UploadAllowance(
+        owner_name="your" if folder.owner_id == user.pk else f"{folder.owner.username}'s",
+        used=selectors.storage_used(owner=folder.owner),
+        max_bytes=max_bytes,
+        replaced=folder_files.existing_file_size(folder.host_path, parts),
+    )
+
+
+def folder_file_write(
+    *,
+    folder: DataFolder,
+    parts: tuple[str, ...],
+    chunks: Iterable[bytes],
+    allowance: UploadAllowance,
+    length: int | None,
+) -> int:
+    """Stream an upload into the folder (no database: runs off the event loop).
+    Refused before a byte is read when ``length`` is past the quota, else as soon
+    as the stream passes it; nothing is left behind either way."""
+    limit = allowance.limit
+    if limit is not None and length is not None and length > limit:
+        raise allowance.refusal(length)
+    try:
+        size = folder_files.write_file(folder.host_path, parts, chunks, limit=limit)
+    except folder_files.TooLarge as exc:
+        raise allowance.refusal(exc.args[0], so_far=True) from None
+    logger.info("folder %s: wrote %s bytes", folder.pk, size)
+    return size
 
 
 def template_save(

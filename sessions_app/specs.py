@@ -120,7 +120,8 @@ SPEC_PROPERTIES: dict[str, Any] = {
         "type": "array",
         "maxItems": MAX_LIST,
         "items": {
-            **_text(64),
+            # A folder name, or "owner/name" for a folder shared with the user.
+            **_text(215),
             "x-errors": {
                 "type": "{value!r} is not a folder name (a path outside your folders is never mounted)"
             },

@@ -38,7 +38,37 @@ urlpatterns = [
         name="api-template-export",
     ),
     path("folders/", api.FolderListCreateApi.as_view(), name="api-folders"),
-    path("folders/<int:folder_id>/", api.FolderDeleteApi.as_view(), name="api-folder"),
+    path("folders/quota/", api.FolderQuotaApi.as_view(), name="api-folder-quota"),
+    path("folders/<int:folder_id>/", api.FolderDetailApi.as_view(), name="api-folder"),
+    path("folders/<int:folder_id>/files/", api.FolderFilesApi.as_view(), name="api-folder-files"),
+    path(
+        "folders/<int:folder_id>/files/content/",
+        api.FolderFileContentApi.as_view(),
+        name="api-folder-file-content",
+    ),
+    path(
+        "folders/<int:folder_id>/files/mkdir/",
+        api.FolderMkdirApi.as_view(),
+        name="api-folder-mkdir",
+    ),
+    path(
+        "folders/<int:folder_id>/files/rename/",
+        api.FolderRenameApi.as_view(),
+        name="api-folder-rename",
+    ),
+    path(
+        "folders/<int:folder_id>/archive/",
+        api.FolderArchiveApi.as_view(),
+        name="api-folder-archive",
+    ),
+    path(
+        "folders/<int:folder_id>/shares/", api.FolderSharesApi.as_view(), name="api-folder-shares"
+    ),
+    path(
+        "folders/<int:folder_id>/shares/<str:username>/",
+        api.FolderShareDeleteApi.as_view(),
+        name="api-folder-share",
+    ),
     path("images/", api.ImageListApi.as_view(), name="api-images"),
     path("presets/", api.PresetListApi.as_view(), name="api-presets"),
     path("resource-groups/", api.ResourceGroupListApi.as_view(), name="api-resource-groups"),

@@ -583,7 +583,8 @@ class DockerBackend(Backend):
         self.set_status(state, protocol.KR_RUNNING, container_id=state.container_id)
 
     async def _data_mounts(self, kspec: dict[str, Any]) -> list[Mount]:
-        """The session's data folders under the home, each checked against the data root."""
+        """The session's data folders under the home, each checked against the data root;
+        a read-only share is bound read-only, so a write inside the container fails (EROFS)."""
         mounts = []
         for mount in kspec.get("mounts") or []:
             name = mount["name"]
@@ -591,7 +592,14 @@ class DockerBackend(Backend):
                 raise KernelError(f"bad data folder name {name!r}")
             path = self.check_mount(mount["host_path"])
             await self._call(prepare_host_folder, path, KERNEL_UID, KERNEL_GID)
-            mounts.append(Mount(target=f"{HOME}/{name}", source=str(path), type="bind"))
+            mounts.append(
+                Mount(
+                    target=f"{HOME}/{name}",
+                    source=str(path),
+                    type="bind",
+                    read_only=mount.get("readonly") is True,
+                )
+            )
         return mounts
 
     def _container_config(

@@ -372,6 +372,12 @@ class ProcessBackend(Backend):
             name = mount["name"]
             if "/" in name or name in ("", ".", ".."):
                 raise KernelError(f"bad data folder name {name!r}")
+            if mount.get("readonly") is True:
+                # A process sees the host's files with the kernel user's rights:
+                # nothing here can make one folder read-only for it alone.
+                raise KernelError(
+                    f"the process backend cannot mount {name!r} read-only; use a Docker agent"
+                )
             folders[name] = self.check_mount(mount["host_path"])
         return folders
 

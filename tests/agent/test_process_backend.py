@@ -95,6 +95,18 @@ async def test_data_folders_are_linked_by_name_and_shared(backend, frames, confi
     assert (config.work_dir / s["session_id"] / "sub1" / "shared").resolve() == folder.resolve()
 
 
+@pytest.mark.asyncio
+async def test_a_read_only_mount_is_refused_with_a_clear_reason(backend, frames, config):
+    folder = config.data_root / "u1" / "data"
+    folder.mkdir(parents=True)
+    mounts = [{"name": "data", "host_path": str(folder), "readonly": True}]
+    s = spec(command="touch data/written", mounts=mounts)
+    await backend.create_kernels(s)
+    err = await frames.wait_for(kernel_id=s["session_id"], status="error")
+    assert "the process backend cannot mount 'data' read-only; use a Docker agent" in err["reason"]
+    assert not (folder / "written").exists()
+
+
 @pytest.mark.parametrize("escape", ["/etc", "{root}/u1/../../outside", "{root}/u1/link-to-etc"])
 @pytest.mark.asyncio
 async def test_a_mount_outside_the_data_root_is_refused_and_never_linked(

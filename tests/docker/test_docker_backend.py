@@ -234,6 +234,73 @@ async def test_a_cluster_shares_one_internal_network_env_and_data_folder(
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1000, 1000, 0o2770)
 
 
+async def test_a_read_only_share_refuses_a_write_in_the_container(
+    backend, docker_client, test_image, config
+):
+    ro = config.data_root / "u1" / "shared-ro"
+    rw = config.data_root / "u1" / "own"
+    ro.mkdir(parents=True)
+    (ro / "readme").write_text("read me\n")
+    mounts = [
+        {"name": "shared-ro", "host_path": str(ro), "readonly": True},
+        {"name": "own", "host_path": str(rw)},
+    ]
+    spec = cluster_spec(test_image, hosts=("main1",), mounts=mounts)
+    ids = await run_cluster(backend, spec)
+    info = docker_client.api.inspect_container(ids["main1"])
+    modes = {m["Destination"]: m["RW"] for m in info["Mounts"]}
+    assert modes["/home/work/shared-ro"] is False and modes["/home/work/own"] is True
+
+    code, out = exec_out(docker_client, ids["main1"], "cat ~/shared-ro/readme")
+    assert (code, out) == (0, "read me\n")
+    code, out = exec_out(docker_client, ids["main1"], "echo x > ~/shared-ro/new 2>&1; echo rc=$?")
+    assert "Read-only file system" in out and "rc=1" in out
+    code, _ = exec_out(docker_client, ids["main1"], "rm ~/shared-ro/readme")
+    assert code != 0
+    assert sorted(os.listdir(ro)) == ["readme"]
+    code, _ = exec_out(docker_client, ids["main1"], "echo x > ~/own/new")
+    assert code == 0 and (rw / "new").read_text() == "x\n"
+
+
+async def test_a_link_to_etc_made_in_a_container_is_not_followed_by_download_or_zip(
+    backend, docker_client, test_image, config
+):
+    import io
+    import zipfile
+
+    from sessions_app import folder_files
+    from sessions_app.errors import NotFound
+
+    folder = config.data_root / "u1" / "data"
+    spec = cluster_spec(
+        test_image, hosts=("main1",), mounts=[{"name": "data", "host_path": str(folder)}]
+    )
+    ids = await run_cluster(backend, spec)
+    code, _ = exec_out(
+        docker_client,
+        ids["main1"],
+        "cd ~/data && ln -s /etc etc && ln -s /etc/passwd passwd && echo mine > mine.txt",
+    )
+    assert code == 0 and os.path.islink(folder / "etc")
+
+    for path in (("passwd",), ("etc", "passwd")):
+        with pytest.raises(NotFound, match="is a symbolic link; links are not followed"):
+            folder_files.open_file(folder, path)
+    with pytest.raises(NotFound, match="symbolic link"):
+        folder_files.check_dir(folder, ("etc",))
+    archive = b"".join(folder_files.zip_chunks(folder, ()))
+    with zipfile.ZipFile(io.BytesIO(archive)) as z:
+        assert z.namelist() == ["mine.txt"]
+    entries, _ = folder_files.list_dir(folder, ())
+    assert {e.name: e.type for e in entries} == {
+        "etc": "symlink",
+        "passwd": "symlink",
+        "mine.txt": "file",
+    }
+    folder_files.remove(folder, ("etc",))
+    assert not os.path.lexists(folder / "etc") and os.path.isdir("/etc/")
+
+
 async def test_batch_kernels_report_exit_codes_and_keep_their_log_tail(backend, test_image):
     ok = cluster_spec(
         test_image, hosts=("main1",), command="echo all good; sleep 0.2; echo to-stderr >&2; exit 0"

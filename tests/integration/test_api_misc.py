@@ -199,7 +199,13 @@ def test_request_bodies_are_json_and_strict_inputs_are_closed(schema):
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             if "requestBody" in operation:
-                assert list(operation["requestBody"]["content"]) == ["application/json"], path
+                # An upload's body is the file itself.
+                expected = (
+                    ["application/octet-stream"]
+                    if path == "/api/v1/folders/{folder_id}/files/content/"
+                    else ["application/json"]
+                )
+                assert list(operation["requestBody"]["content"]) == expected, path
     components = schema["components"]["schemas"]
     assert components["TemplateInputRequest"]["additionalProperties"] is False
     assert components["FolderCreateInputRequest"]["additionalProperties"] is False

@@ -215,6 +215,7 @@ async function upload(items) {
       r.note.textContent = err.message;
       r.note.classList.add("field-error");
     }
+    if (r === rows[rows.length - 1] && base === path) window.filesReady = false; // the listing below is redrawn
     window.uploadsDone += 1;
   }
   if (failed) fail(`${failed} of ${rows.length} upload(s) failed: ${rows.find((r) => r.li.dataset.state === "failed").note.textContent}`);

@@ -74,7 +74,7 @@ function row(f) {
 }
 
 function render() {
-  const ticked = new Set(ticks().map((t) => t.value));
+  const ticked = new Set(ticks().filter((t) => t.checked).map((t) => t.value));
   $("folders-body").replaceChildren(...folders.map(row));
   for (const t of ticks()) t.checked = ticked.has(t.value);
   $("folders-empty").hidden = folders.length > 0;
@@ -156,7 +156,7 @@ function openShare(f) {
 }
 
 async function refreshShares() {
-  const shares = await api(`folders/${sharing.id}/shares/`);
+  const { shares } = await api(`folders/${sharing.id}/shares/`);
   sharing.shares = shares;
   shareItems(shares);
   await load();

@@ -165,6 +165,7 @@ def test_a_read_only_share_shows_the_invitee_no_writes_and_revoking_is_explained
     page.click("#share-submit")
     page.wait_for_selector('#share-list li[data-user="bob"]')
     assert "read-only" in page.inner_text('#share-list li[data-user="bob"]')
+    assert page.locator("#folders-body input:checked").count() == 0  # nothing ticked for SFTP
     assert "running sessions keep their mount" in page.inner_text("#share-modal")
     shot(page, "shared-with-bob")
     page.click("#share-modal [data-close] >> nth=-1")
@@ -184,7 +185,8 @@ def test_a_read_only_share_shows_the_invitee_no_writes_and_revoking_is_explained
     # Revoked: bob's list no longer has it, and his link answers "no such folder".
     page.click('#folders-body tr[data-name="dataset"] [data-action="share"]')
     page.click('#share-list li[data-user="bob"] [data-action="revoke"]')
-    page.wait_for_selector('#share-list li[data-user="bob"]', state="detached")
+    page.wait_for_function("() => document.getElementById('status').textContent.includes('Revoked')")
+    assert page.locator('#share-list li[data-user="bob"]').count() == 0
     assert "running ones keep their mount" in page.inner_text("#status")
     other.reload()
     other.wait_for_function("() => window.filesReady === true")

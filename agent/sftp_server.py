@@ -35,12 +35,7 @@ import posixpath
 import stat
 import sys
 
-import warnings
-
-# Debian's asyncssh imports ciphers that its cryptography deprecates: say nothing of it.
-warnings.filterwarnings("ignore", message=".* has been deprecated")
-
-import asyncssh  # noqa: E402
+import asyncssh
 from asyncssh.sftp import (
     FXF_APPEND,
     FXF_CREAT,
@@ -53,7 +48,7 @@ from asyncssh.sftp import (
     SFTPNoSuchFile,
     SFTPOpUnsupported,
     SFTPPermissionDenied,
-)  # noqa: E402
+)
 
 HOME = os.environ.get("HOME") or "/home/work"
 CONFIG = os.path.join(HOME, ".backendai", "sftp.json")

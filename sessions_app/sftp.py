@@ -24,8 +24,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from bai_common.sshkeys import parse_public_key
-
 from . import selectors
 from .errors import Conflict, InvalidInput, NotFound, field_error
 from .kernel_images import SFTP_IMAGE
@@ -42,6 +40,7 @@ from .models import (
     SessionType,
     SSHKey,
 )
+from .sshkeys import parse_public_key
 
 logger = logging.getLogger(__name__)
 

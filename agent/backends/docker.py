@@ -19,6 +19,7 @@ are read with the loop's ``add_reader``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import fcntl
 import json
@@ -59,7 +60,7 @@ from agent.backends.base import (
     trim_tail,
 )
 from agent.publish import PublishedPort
-from bai_common.sshkeys import host_key_fingerprint, new_host_key
+from bai_common.sshkeys import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,34 @@ def write_kernel_home(
     if os.geteuid() == 0:
         for path in [*dirs, *(home / name for name in files)]:
             os.lchown(path, uid, gid)
+
+
+def new_host_key() -> tuple[str, str, str]:
+    """A fresh ed25519 key: (private key in OpenSSH format, public key line, fingerprint)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, public.decode(), fingerprint(base64.b64decode(public.split()[1]))
+
+
+def host_key_fingerprint(private_pem: bytes) -> str:
+    """The fingerprint of an OpenSSH private key's public half."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(private_pem, password=None)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return fingerprint(base64.b64decode(public.split()[1]))
 
 
 def sftp_files(kspec: dict[str, Any]) -> tuple[dict[str, str], str]:

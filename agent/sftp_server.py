@@ -55,6 +55,8 @@ CONFIG = os.path.join(HOME, ".backendai", "sftp.json")
 
 log = logging.getLogger("sftp")
 
+FAST_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr"]
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -418,6 +420,9 @@ async def serve(config: dict) -> None:
         authorized_client_keys=config["authorized_keys"],
         sftp_factory=FolderSFTPServer,
         allow_scp=True,
+        # AES-GCM runs in cryptography's C (AES-NI); asyncssh's chacha20-poly1305, which OpenSSH
+        # clients prefer, computes its MAC in Python and caps a transfer near 15 MB/s.
+        encryption_algs=FAST_CIPHERS,
         agent_forwarding=False,
         x11_forwarding=False,
         reuse_address=True,

@@ -29,7 +29,12 @@ from sessions_app.models import (
     Status,
 )
 from tests.conftest import skip_or_fail
-from tests.docker.test_cluster_system import MINIMAL_IMAGE, _containers, _wait_status
+from tests.docker.test_cluster_system import (  # noqa: F401 - engine is a fixture
+    MINIMAL_IMAGE,
+    _containers,
+    _wait_status,
+    engine,
+)
 from tests.live import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
@@ -51,32 +56,17 @@ QUOTA = 4 * 2**20
 
 
 @pytest.fixture
-def engine(transactional_db):
+def sftp_ready(engine):  # noqa: F811 - the imported fixture
+    """The engine (test_cluster_system's fixture, which cleans up after the sessions), the SFTP
+    image and OpenSSH's client tools."""
     try:
-        import docker
-
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001
-        skip_or_fail(f"no Docker engine answers: {exc}")
-    for reference in (SFTP_IMAGE, MINIMAL_IMAGE):
-        try:
-            client.images.get(reference)
-        except Exception:  # noqa: BLE001
-            skip_or_fail(f"kernel image {reference} is missing (manage.py build_kernel_images)")
+        engine.images.get(SFTP_IMAGE)
+    except Exception:  # noqa: BLE001
+        skip_or_fail(f"kernel image {SFTP_IMAGE} is missing (manage.py build_kernel_images)")
     for tool in ("sftp", "scp", "ssh-keygen", "ssh-keyscan"):
         if shutil.which(tool) is None:
             skip_or_fail(f"OpenSSH's {tool} is missing (apt-get install openssh-client)")
-    yield client
-    for session_id in Session.objects.values_list("pk", flat=True):
-        label = f"ai.backend.session_id={session_id}"
-        for container in client.containers.list(all=True, filters={"label": label}):
-            container.remove(force=True)
-        for network in client.networks.list(names=[f"bai-{session_id}"]):
-            try:
-                network.remove()
-            except Exception:  # noqa: BLE001
-                pass
+    return engine
 
 
 @pytest.fixture
@@ -119,8 +109,9 @@ def _start_sftp(api, user, folder_ids) -> dict:
 
 
 def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
-    engine, images, live_system, agent, api, alice, bob, tmp_path
+    sftp_ready, images, live_system, agent, api, alice, bob, tmp_path
 ):
+    docker_engine = sftp_ready
     ResourcePolicy.objects.filter(is_default=True).update(
         max_folder_bytes=QUOTA, idle_timeout=timedelta(minutes=10)
     )
@@ -213,7 +204,9 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     assert (data.host_path / "hello.txt").read_text() == "hello over sftp\n"
     assert (data.host_path / "tree/a/b/deep.txt").read_text() == "deep\n"
     assert (data.host_path / "tree/top.txt").read_text() == "top\n"
-    container = engine.containers.get(_containers(engine, shell.json()["id"])["main1"])
+    container = docker_engine.containers.get(
+        _containers(docker_engine, shell.json()["id"])["main1"]
+    )
     code, out = container.exec_run(["cat", "/home/work/data/tree/a/b/deep.txt"], user="1000:1000")
     assert (code, out) == (0, b"deep\n")
     # A connection is activity (the agent reports it; the manager moves the idle clock).
@@ -261,7 +254,11 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     over = _sftp(port, session_key, "put big.bin /data/big.bin", work)
     assert over.returncode != 0, over.stdout
     assert not (data.host_path / "big.bin").exists()
-    logs = engine.containers.get(_containers(engine, session_id)["main1"]).logs().decode()
+    logs = (
+        docker_engine.containers.get(_containers(docker_engine, session_id)["main1"])
+        .logs()
+        .decode()
+    )
     assert "Write refused: your folders hold" in logs and "of your 4.0 MiB quota" in logs
 
     # Bob's key does not open alice's session.
@@ -281,4 +278,6 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     _wait_status(session_id, {Status.TERMINATED}, timeout=60)
     assert api(alice).get(f"/api/v1/sessions/{session_id}/sftp/").json()["port"] is None
     assert Kernel.objects.get(pk=session_id).published_port is not None  # kept: where it was
-    wait_for(lambda: not _containers(engine, session_id), timeout=30, what="container removed")
+    wait_for(
+        lambda: not _containers(docker_engine, session_id), timeout=30, what="container removed"
+    )

@@ -68,6 +68,18 @@ class AgentConfig:
     # The process backend's python for the code runner (None: the agent's own when
     # kernels can run it, else python3 on the kernel's PATH).
     runner_python: str | None = None
+    # Where published kernel ports (SFTP sessions) listen, and the name users are told to
+    # connect to (None: the address itself, or the hostname when it is a wildcard).
+    public_address: str = "127.0.0.1"
+    public_host: str | None = None
+
+    @property
+    def advertised_host(self) -> str:
+        if self.public_host:
+            return self.public_host
+        if self.public_address in ("0.0.0.0", "::", ""):  # noqa: S104 - a comparison
+            return self.hostname
+        return self.public_address
 
     @property
     def agent_key(self) -> str:
@@ -121,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="process backend: the python (with jupyter_client and ipykernel) that runs code"
         " in kernels (default: the agent's own when kernels can run it, else python3)",
     )
+    p.add_argument(
+        "--public-address",
+        default="127.0.0.1",
+        help="the address SFTP sessions' ports are published on (each on a free port);"
+        " 0.0.0.0 makes them reachable from other hosts",
+    )
+    p.add_argument(
+        "--public-host",
+        default=None,
+        help="the host name users are told to connect to (default: the public address,"
+        " or this host's name when that is a wildcard)",
+    )
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
@@ -149,6 +173,8 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         kernel_tmp_size=ns.kernel_tmp_size,
         kernel_uid_base=ns.kernel_uid_base,
         runner_python=ns.runner_python,
+        public_address=ns.public_address,
+        public_host=ns.public_host,
     )
     if not 0 < cfg.kernel_uid_base < 2**31 - 2**16:
         parser.error("--kernel-uid-base must leave room for 65536 uids below 2^31")

@@ -88,7 +88,13 @@ EXEC_STATUSES = (EXEC_FINISHED, EXEC_CONTINUED, EXEC_WAITING_INPUT, EXEC_TIMEOUT
 
 # KernelReport: {"kernel_id": str, "session_id": str,
 #   "status": one of KERNEL_REPORT_STATUSES, "exit_code": int|None,
-#   "container_id": str|None, "reason": str|None}
+#   "container_id": str|None, "reason": str|None, "sftp"?: SftpReport|None}
+# SftpReport (an SFTP kernel, once its port is published; SFTP_REPORT below):
+#   {"host": str, "port": int, "host_key_fingerprint": "SHA256:...", "connections": int,
+#    "idle_for": float|None}  -- where users connect (the agent's public host and the port
+#   it listens on), the connections open now, and the seconds since the last one ended
+#   (0 while one is open, None before the first). Sent again whenever a connection opens
+#   or ends, and in every heartbeat: connections are the session's activity.
 KR_PREPARING = "preparing"  # creating network / container
 KR_PULLING = "pulling"  # only when the agent option to pull images is on
 KR_RUNNING = "running"
@@ -130,6 +136,11 @@ EXEC_OUTPUT_LIMIT_MAX = 256 * 1024 * 1024
 #   "cluster_hosts": ["main1", "sub1", ...], "service_ports": [int, ...]}
 #   service_ports: main1's app ports (the image's and the user's); a kernel with any
 #   is given a network even when alone, so that the agent's host reaches it.
+#   "sftp"?: {"authorized_keys": [str], "quotas": [{"max_bytes": int|None,
+#     "other_bytes": int, "folders": [name]}]}  -- an SFTP system session's kernel: the agent
+#   runs its SFTP server (agent/sftp_server.py) instead of a start command, on SFTP_PORT, lets
+#   in the session's key and these public keys, and publishes the port (agent/publish.py).
+#   A mount may carry "readonly": true (mounted read-only; the SFTP server refuses writes).
 # The env already holds every BACKENDAI_* variable; the agent adds nothing but
 # may read them. Creating a kernel that already exists is a no-op that re-reports it.
 CREATE_KERNELS = "create_kernels"
@@ -525,6 +536,22 @@ _EXEC_ANSWER: dict[str, Field] = {
     "run_id": Field(text(RUN_ID_MAX, pattern=_RUN_ID), required=True),
     "records": Field(exec_records, required=True),
 }
+SFTP_PORT = 2200  # where an SFTP kernel's server listens, inside the kernel
+SFTP_CONNECTIONS_MAX = 10**6
+SFTP_IDLE_MAX = 10.0**9
+SFTP_REPORT: dict[str, Field] = {
+    "host": Field(text(HOSTNAME_MAX), required=True),
+    "port": Field(integer(1, 65535), required=True),
+    "host_key_fingerprint": Field(text(128)),
+    "connections": Field(integer(0, SFTP_CONNECTIONS_MAX), required=True),
+    "idle_for": Field(number(0, SFTP_IDLE_MAX), nullable=True),
+}
+
+
+def sftp_report(value: Any) -> str | None:
+    return record_refusal(SFTP_REPORT, value)
+
+
 KERNEL_REPORT: dict[str, Field] = {
     "kernel_id": _KERNEL_ID,
     # "" when the agent cannot know it (a "gone" for a kernel it never had).
@@ -533,6 +560,7 @@ KERNEL_REPORT: dict[str, Field] = {
     "exit_code": Field(integer(EXIT_CODE_MIN, EXIT_CODE_MAX), nullable=True),
     "container_id": Field(text(CONTAINER_ID_MAX, pattern=_ID), nullable=True),
     "reason": Field(text(REASON_MAX), nullable=True),
+    "sftp": Field(sftp_report, nullable=True),
 }
 _REPORTS = Field(list_of(KERNEL_REPORT, REPORTS_MAX), required=True)
 

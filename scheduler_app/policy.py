@@ -27,7 +27,10 @@ One pass, in order:
    requested start time; pending timeout (cancelled; a timeout of 0 means none); quota (containers per session, concurrent
    sessions, total slots -- counting what this pass already placed for the owner). ``system``
    sessions are exempt from the concurrency and total-slot quotas and are counted against
-   ``max_concurrent_system_sessions`` instead.
+   ``max_concurrent_system_sessions`` instead. A ``system`` session never waits: a failed
+   check or a placement that does not fit cancels it at once with the reason (an SFTP session
+   is asked for now; starting it minutes later, unannounced, would help nobody), and it never
+   queues behind a blocked head.
 3. Placement, all-or-nothing, never oversubscribing: single-node needs one agent that holds the sum of
    all kernels; multi-node puts all kernels on one agent when one holds the sum, otherwise places
    them kernel by kernel (several per agent allowed). Agents with an accelerator are used for
@@ -1426,13 +1429,17 @@ def schedule(snapshot: Snapshot) -> Decisions:
     for session in state.sessions_in_order():
         request = _Request(session, state.vectors)
         verdict = state.check(session, request)
+        never_waits = session.session_type == SYSTEM_SESSION_TYPE
         if isinstance(verdict, Cancellation):
             decisions.cancellations.append(verdict)
             continue
         if verdict is not None:
-            decisions.waits.append(verdict)
+            if never_waits:
+                decisions.cancellations.append(Cancellation(session.session_id, verdict.reason))
+            else:
+                decisions.waits.append(verdict)
             continue
-        if blocked_by is not None:
+        if blocked_by is not None and not never_waits:
             decisions.waits.append(Wait(session.session_id, queued_behind(blocked_by), False))
             continue
         assignments = state.place(session, request)
@@ -1447,6 +1454,9 @@ def schedule(snapshot: Snapshot) -> Decisions:
         else:
             state.failure = None
             reason, counts, blocking = failure
+        if never_waits:
+            decisions.cancellations.append(Cancellation(session.session_id, reason))
+            continue
         decisions.waits.append(Wait(session.session_id, reason, counts))
         if hol_blocking and blocking:
             blocked_by = session.session_id

@@ -50,6 +50,7 @@ from sessions_app.models import (
     hash_token,
 )
 from sessions_app.selectors import session_apps
+from sessions_app.sftp import is_sftp_session, sftp_apply_report, sftp_kernel_spec
 
 from .locks import lock_group
 
@@ -138,15 +139,17 @@ def create_kernels_command(*, session: Session, kernels: list[Kernel]) -> dict[s
     """The create_kernels message for the kernels of ``session`` on one agent."""
     all_kernels = list(session.kernels.order_by("local_rank"))
     hosts = [k.cluster_hostname for k in all_kernels]
-    readonly = {f.pk for f in session.readonly_mounts.all()}
+    folders = list(session.mounts.all())
+    readonly = set(session.readonly_mounts.values_list("pk", flat=True))
     mounts = [
         {
             "name": f.name,
             "host_path": str(f.host_path),
             **({"readonly": True} if f.pk in readonly else {}),
         }
-        for f in session.mounts.all()
+        for f in folders
     ]
+    sftp = sftp_kernel_spec(session=session, folders=folders) if is_sftp_session(session) else None
     # main1's service ports: a kernel that has any gets a network even when alone.
     app_ports = [app.port for app in session_apps(session=session)]
     return {
@@ -172,6 +175,7 @@ def create_kernels_command(*, session: Session, kernels: list[Kernel]) -> dict[s
                 else None,
                 "cluster_hosts": hosts,
                 "service_ports": app_ports if k.cluster_role == KernelRole.MAIN else [],
+                **({"sftp": sftp} if sftp is not None else {}),
             }
             for k in kernels
         ],
@@ -280,6 +284,8 @@ def _apply_report(*, agent_id: str, kernel_id: str, report: dict[str, Any]) -> b
         return False
     if kernel.status not in TERMINAL:
         kernel_apply_report(kernel=kernel, report=report)
+        if report.get("sftp") and report.get("status") == protocol.KR_RUNNING:
+            sftp_apply_report(kernel=kernel, report=report["sftp"], now=timezone.now())
     return True
 
 

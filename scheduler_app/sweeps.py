@@ -37,7 +37,13 @@ from django.utils import timezone
 
 from sessions_app import selectors
 from sessions_app import services as session_services
-from sessions_app.deadlines import MAX_BATCH_TIMEOUT, STARTED, overdue, session_deadlines
+from sessions_app.deadlines import (
+    IDLE_TYPES,
+    MAX_BATCH_TIMEOUT,
+    STARTED,
+    overdue,
+    session_deadlines,
+)
 from sessions_app.errors import Conflict
 from sessions_app.models import (
     Kernel,
@@ -175,7 +181,7 @@ def idle_candidates(*, now: datetime) -> list[Any]:
             continue
         ids += Session.objects.filter(
             owners,
-            session_type=SessionType.INTERACTIVE,
+            session_type__in=IDLE_TYPES,
             status=Status.RUNNING,
             last_activity_at__lte=cutoff,
             started_at__lte=cutoff,

@@ -6,10 +6,10 @@ deadlines has passed; the API shows them, and the time left, to the user.
 
 The rules (CONCEPTS.md, "Dependencies, templates, idleness"):
 
-- **Idle timeout** (policy ``idle_timeout``) applies to *interactive* sessions
-  that run. The clock starts at the later of the last activity
+- **Idle timeout** (policy ``idle_timeout``) applies to *interactive* and
+  *system* (SFTP) sessions that run. The clock starts at the later of the last activity
   (``last_activity_at``: terminal input, an open terminal or log stream, API
-  calls about the session) and the moment the session started running, so a
+  calls about the session, an SFTP connection) and the moment the session started running, so a
   slow image pull does not count as idleness. Batch sessions are never idle:
   their command is the activity, and they end by themselves.
 - **Lifetime limit** (policy ``max_session_lifetime``) applies to every session
@@ -97,6 +97,9 @@ class Deadlines:
         return [(IDLE, self.idle), (LIFETIME, self.lifetime), (BATCH, self.batch)]
 
 
+IDLE_TYPES = ("interactive", "system")  # the session types an idle timeout ends
+
+
 def idle_deadline(
     *,
     session_type: str,
@@ -105,7 +108,7 @@ def idle_deadline(
     started_at: datetime | None,
     idle_timeout: timedelta | None,
 ) -> datetime | None:
-    if idle_timeout is None or session_type != "interactive" or status != "RUNNING":
+    if idle_timeout is None or session_type not in IDLE_TYPES or status != "RUNNING":
         return None
     times = [t for t in (last_activity_at, started_at) if t is not None]
     return _after(max(times), idle_timeout) if times else None

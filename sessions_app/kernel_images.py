@@ -1,12 +1,14 @@
 """Build the project's own kernel images locally (no registry is reachable).
 
-Two images:
+Three images:
 
 * ``bai-kernel/minimal:1`` -- Debian's static busybox plus applet symlinks, a ``work`` user
   (uid/gid 1000) and nothing else. Built in memory with :mod:`tarfile` in ~0.1 s.
 * ``bai-kernel/python:2`` -- a ``debootstrap --variant=minbase`` bookworm root with python3,
   openssh-server/-client, iproute2 and procps. Takes ~40 s cold; the finished root tarball is cached
   outside the repository keyed on a hash of its recipe, so later builds only ``docker import`` it.
+* ``bai-kernel/sftp:1`` -- the same kind of root with python3 and python3-asyncssh only, for
+  the SFTP system sessions (the agent writes its server into the kernel's home). Cached alike.
 
 Both images carry the label ``ai.backend.recipe=<hash>``; an image already in the engine with the
 same label is left alone. Root tarballs never carry xattrs (file capabilities break binaries such
@@ -22,6 +24,7 @@ Public API::
     build_all(progress, cache_dir=None, force=False, client=None) -> list[BuiltImage]
     build_minimal(progress, cache_dir=None, force=False, client=None) -> BuiltImage
     build_python(progress, cache_dir=None, force=False, client=None) -> BuiltImage
+    build_sftp(progress, cache_dir=None, force=False, client=None) -> BuiltImage
     MINIMAL_IMAGE, PYTHON_IMAGE, RECIPE_LABEL, SSH_LABEL, ImageBuildError, BuiltImage
 """
 
@@ -48,6 +51,7 @@ from typing import Any
 
 MINIMAL_IMAGE = "bai-kernel/minimal:1"
 PYTHON_IMAGE = "bai-kernel/python:2"
+SFTP_IMAGE = "bai-kernel/sftp:1"
 
 RECIPE_LABEL = "ai.backend.recipe"
 SSH_LABEL = "ai.backend.supports-ssh"  # "true" when the image carries /usr/sbin/sshd
@@ -70,6 +74,10 @@ PYTHON_PACKAGES = (
     "procps",
     "jupyter-notebook",
 )
+# The SFTP system sessions' kernel: python3 and Debian's asyncssh (2.10.1 in bookworm), a real
+# SSH/SFTP/SCP server library. The server itself is the agent's (agent/sftp_server.py), written
+# into the kernel's home at start, so it always matches the agent that runs it.
+SFTP_PACKAGES = ("python3", "python3-asyncssh")
 
 # The Python image's intrinsic app. The agent runs the start command on demand (the
 # first time the app is opened), as the kernel user in the home, with the address
@@ -457,20 +465,21 @@ def _dpkg_arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
-def python_recipe() -> dict[str, Any]:
+def python_recipe(packages: tuple[str, ...] = PYTHON_PACKAGES) -> dict[str, Any]:
+    """The recipe of a debootstrap root with ``packages`` (the python image's by default)."""
     return {
         "version": RECIPE_VERSION,
         "suite": PYTHON_SUITE,
         "variant": "minbase",
         "arch": _dpkg_arch(),
-        "packages": list(PYTHON_PACKAGES),
+        "packages": list(packages),
         "user": [KERNEL_USER, KERNEL_UID, KERNEL_GID, KERNEL_HOME],
         "script": _PYTHON_SETUP_SCRIPT,
     }
 
 
-def python_recipe_hash() -> str:
-    blob = json.dumps(python_recipe(), sort_keys=True).encode()
+def python_recipe_hash(packages: tuple[str, ...] = PYTHON_PACKAGES) -> str:
+    blob = json.dumps(python_recipe(packages), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -519,17 +528,19 @@ def _debootstrap(progress: Progress, root: Path, mirror: str) -> None:
     progress(f"python: debootstrap done in {time.monotonic() - t0:.0f} s")
 
 
-def _install_python_packages(progress: Progress, root: Path) -> None:
+def _install_python_packages(
+    progress: Progress, root: Path, packages: tuple[str, ...] = PYTHON_PACKAGES
+) -> None:
     """The packages and the kernel user, in the chroot; nothing is started (policy-rc.d)."""
     t0 = time.monotonic()
-    progress(f"python: installing {' '.join(PYTHON_PACKAGES)} in the chroot\N{HORIZONTAL ELLIPSIS}")
+    progress(f"python: installing {' '.join(packages)} in the chroot\N{HORIZONTAL ELLIPSIS}")
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
     with contextlib.suppress(OSError):
         shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")
     script = _PYTHON_SETUP_SCRIPT.format(
-        packages=" ".join(PYTHON_PACKAGES),
+        packages=" ".join(packages),
         uid=KERNEL_UID,
         gid=KERNEL_GID,
         user=KERNEL_USER,
@@ -552,7 +563,9 @@ def _tar_root(root: Path, tmp_tar: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> None:
+def _build_python_tarball(
+    progress: Progress, tarball: Path, recipe: str, packages: tuple[str, ...] = PYTHON_PACKAGES
+) -> None:
     """debootstrap + chroot setup + tar, written atomically to ``tarball``."""
     _check_python_build_tools(tarball)
     mirror = find_apt_mirror(PYTHON_SUITE)
@@ -567,11 +580,11 @@ def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> Non
     tmp_tar = cache / f".{tarball.name}.{os.getpid()}.tmp"
     try:
         _debootstrap(progress, root, mirror)
-        _install_python_packages(progress, root)
+        _install_python_packages(progress, root, packages)
         t0 = time.monotonic()
         _tar_root(root, tmp_tar)
         os.replace(tmp_tar, tarball)
-        meta = dict(python_recipe(), mirror=mirror, built_at=time.time())
+        meta = dict(python_recipe(packages), mirror=mirror, built_at=time.time())
         tarball.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
         progress(
             f"python: root tarball {_mb(tarball.stat().st_size)} cached at {tarball} ({time.monotonic() - t0:.0f} s)"
@@ -582,9 +595,11 @@ def _build_python_tarball(progress: Progress, tarball: Path, recipe: str) -> Non
         _remove_tree(workdir)
 
 
-def python_tarball_path(cache_dir: Path | None = None) -> Path:
+def python_tarball_path(
+    cache_dir: Path | None = None, packages: tuple[str, ...] = PYTHON_PACKAGES, name: str = "python"
+) -> Path:
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return cache / f"python-{PYTHON_SUITE}-{python_recipe_hash()}.tar"
+    return cache / f"{name}-{PYTHON_SUITE}-{python_recipe_hash(packages)}.tar"
 
 
 def build_python(
@@ -597,30 +612,67 @@ def build_python(
 
     ``force`` rebuilds the root filesystem from scratch and replaces the cached tarball.
     """
+    return _build_debian_image(
+        progress, cache_dir, force, client, reference=PYTHON_IMAGE, packages=PYTHON_PACKAGES
+    )
+
+
+def build_sftp(
+    progress: Progress = lambda _msg: None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    client: Any = None,
+) -> BuiltImage:
+    """Build ``bai-kernel/sftp:1`` (python3 + python3-asyncssh), cached like the python image."""
+    return _build_debian_image(
+        progress,
+        cache_dir,
+        force,
+        client,
+        reference=SFTP_IMAGE,
+        packages=SFTP_PACKAGES,
+        name="sftp",
+        supports_ssh=False,
+    )
+
+
+def _build_debian_image(
+    progress: Progress,
+    cache_dir: Path | None,
+    force: bool,
+    client: Any,
+    *,
+    reference: str,
+    packages: tuple[str, ...],
+    name: str = "python",
+    supports_ssh: bool = True,
+) -> BuiltImage:
+    """A debootstrap image: engine hit -> nothing; cache hit -> import; else build the root."""
     started = time.monotonic()
     client = _client(client)
+    rootfs = python_recipe_hash(packages)
     recipe, changes = _image_config(
-        python_recipe_hash(), True, "/bin/bash", {"PATH": _PATH, "LANG": "C.UTF-8"}
+        rootfs, supports_ssh, "/bin/bash", {"PATH": _PATH, "LANG": "C.UTF-8"}
     )
-    tarball = python_tarball_path(cache_dir)
-    if not force and _present_with_recipe(client, PYTHON_IMAGE, recipe):
-        progress(f"python: {PYTHON_IMAGE} already present (recipe {recipe})")
-        return _result(client, PYTHON_IMAGE, recipe, started, "engine")
+    tarball = python_tarball_path(cache_dir, packages, name)
+    if not force and _present_with_recipe(client, reference, recipe):
+        progress(f"{name}: {reference} already present (recipe {recipe})")
+        return _result(client, reference, recipe, started, "engine")
     with _locked(tarball.with_suffix(".lock")):
         # Another process may have finished the same build while we waited for the lock.
-        if not force and _present_with_recipe(client, PYTHON_IMAGE, recipe):
-            progress(f"python: {PYTHON_IMAGE} already present (recipe {recipe})")
-            return _result(client, PYTHON_IMAGE, recipe, started, "engine")
+        if not force and _present_with_recipe(client, reference, recipe):
+            progress(f"{name}: {reference} already present (recipe {recipe})")
+            return _result(client, reference, recipe, started, "engine")
         source = "cache"
         if force or not tarball.is_file():
-            _build_python_tarball(progress, tarball, python_recipe_hash())
+            _build_python_tarball(progress, tarball, rootfs, packages)
             source = "built"
         else:
-            progress(f"python: cached at {tarball}, importing")
-        _import(client, "python: docker import", str(tarball), PYTHON_IMAGE, changes)
-    res = _result(client, PYTHON_IMAGE, recipe, started, source)
+            progress(f"{name}: cached at {tarball}, importing")
+        _import(client, f"{name}: docker import", str(tarball), reference, changes)
+    res = _result(client, reference, recipe, started, source)
     how = "built" if source == "built" else "imported from cache"
-    progress(f"python: {how} {PYTHON_IMAGE} in {res.seconds:.1f} s ({_mb(res.size_bytes)})")
+    progress(f"{name}: {how} {reference} in {res.seconds:.1f} s ({_mb(res.size_bytes)})")
     return res
 
 
@@ -635,6 +687,7 @@ def build_all(
     return [
         build_minimal(progress, cache_dir, force, client),
         build_python(progress, cache_dir, force, client),
+        build_sftp(progress, cache_dir, force, client),
     ]
 
 

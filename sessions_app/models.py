@@ -730,6 +730,11 @@ class Kernel(_Transitions):
     container_id = models.CharField(max_length=128, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     log_tail = models.TextField(blank=True)
+    # An SFTP kernel's server as its agent published it: where users connect, and the
+    # fingerprint of the host key they should see (agent/publish.py).
+    published_host = models.CharField(max_length=255, blank=True)
+    published_port = models.PositiveIntegerField(null=True, blank=True)
+    host_key_fingerprint = models.CharField(max_length=128, blank=True)
 
     class Meta:
         ordering = ["session", "local_rank"]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api
+from . import api, sftp_api
 
 urlpatterns = [
     path("auth/token/", api.TokenCreateApi.as_view(), name="api-token"),
@@ -73,4 +73,18 @@ urlpatterns = [
     path("presets/", api.PresetListApi.as_view(), name="api-presets"),
     path("resource-groups/", api.ResourceGroupListApi.as_view(), name="api-resource-groups"),
     path("agents/", api.AgentListApi.as_view(), name="api-agents"),
+    # SFTP system sessions and SSH keys (sftp_api.py)
+    path("folders/sftp/", sftp_api.SftpSessionCreateApi.as_view(), name="api-folders-sftp"),
+    path(
+        "sessions/<str:session_id>/sftp/",
+        sftp_api.SessionSftpApi.as_view(),
+        name="api-session-sftp",
+    ),
+    path(
+        "sessions/<str:session_id>/sftp/key/",
+        sftp_api.SessionSftpKeyApi.as_view(),
+        name="api-session-sftp-key",
+    ),
+    path("ssh-keys/", sftp_api.SSHKeyListCreateApi.as_view(), name="api-ssh-keys"),
+    path("ssh-keys/<int:key_id>/", sftp_api.SSHKeyDeleteApi.as_view(), name="api-ssh-key"),
 ]

@@ -49,9 +49,10 @@ class KernelReport:
     exit_code: int | None = None
     container_id: str | None = None
     reason: str | None = None
+    sftp: dict[str, Any] | None = None  # an SFTP kernel's published port (protocol.SFTP_REPORT)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "kernel_id": self.kernel_id,
             "session_id": self.session_id,
             "status": self.status,
@@ -59,6 +60,9 @@ class KernelReport:
             "container_id": self.container_id,
             "reason": self.reason,
         }
+        if self.sftp is not None:
+            wire["sftp"] = self.sftp
+        return wire
 
 
 @dataclass
@@ -78,6 +82,7 @@ class KernelState:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def report(self) -> KernelReport:
+        published = self.extra.get("published")
         return KernelReport(
             self.kernel_id,
             self.session_id,
@@ -85,6 +90,9 @@ class KernelState:
             self.exit_code,
             self.container_id,
             self.reason,
+            published.wire()
+            if published is not None and self.status == protocol.KR_RUNNING
+            else None,
         )
 
 

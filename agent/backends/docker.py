@@ -19,8 +19,10 @@ are read with the loop's ``add_reader``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -57,6 +59,8 @@ from agent.backends.base import (
     runner_argv,
     trim_tail,
 )
+from agent.publish import PublishedPort
+from bai_common.sshkeys import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +71,18 @@ L_AGENT = "ai.backend.agent"
 L_AGENT_KEY = "ai.backend.agent-key"  # fingerprint of the agent's token (see AgentConfig)
 L_NETWORK = "ai.backend.network"
 L_MANAGED = "ai.backend.managed"
+L_SFTP = "ai.backend.sftp"  # "true" on an SFTP kernel: its port is published again on adoption
 
 KERNEL_UID = 1000
 KERNEL_GID = 1000
 HOME = "/home/work"
 SSH_PORT = 2200
+SFTP_START_TIMEOUT = 30.0  # how long an SFTP kernel's server may take to listen
+SFTP_HOST_KEY = ".backendai/sftp_host_key"
+SFTP_SERVER_SOURCE = Path(__file__).resolve().parents[1] / "sftp_server.py"
+# The SFTP kernel's command, run by the RUNNER (Debian's asyncssh warns of deprecated
+# ciphers on import: -W ignore keeps the log for what matters).
+SFTP_COMMAND = f"exec python3 -W ignore -u {HOME}/.backendai/sftp_server.py"
 NETWORK_LOCK_PATH = os.path.join(tempfile.gettempdir(), "backendai-agent-networks.lock")
 
 # The kernel runner, passed inline as ``sh -c RUNNER bai-runner [startup command]``.
@@ -134,22 +145,28 @@ def write_kernel_home(
     ssh: dict[str, str] | None,
     uid: int = KERNEL_UID,
     gid: int = KERNEL_GID,
+    *,
+    authorized_keys: list[str] | tuple[str, ...] = (),
+    extra_files: dict[str, str] | None = None,
 ) -> None:
     """Lay out a kernel's home before its container exists: the env file and,
     with a session key pair, ``~/.ssh`` and the sshd config. Directories 0700,
     files 0600, all owned by the kernel user (when the agent may hand them over):
     ssh and sshd refuse keys that others can read or that the user does not own.
+    ``authorized_keys`` may log in beside the session's own key; ``extra_files``
+    (relative to the home, under ``.backendai/``) are written alike.
     """
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = {".backendai_env": render_env_file(env)}
+    files = {".backendai_env": render_env_file(env), **(extra_files or {})}
     dirs = [home, home / ".backendai"]
     if ssh:
         public = ssh["public_key"].rstrip("\n") + "\n"
+        allowed = public + "".join(key.strip() + "\n" for key in authorized_keys)
         files.update(
             {
                 ".ssh/id_session": ssh["private_key"].rstrip("\n") + "\n",
                 ".ssh/id_session.pub": public,
-                ".ssh/authorized_keys": public,
+                ".ssh/authorized_keys": allowed,
                 ".ssh/config": SSH_CLIENT_CONFIG,
                 ".ssh/environment": render_ssh_environment(env),
                 ".backendai/sshd_config": SSHD_CONFIG,
@@ -166,6 +183,57 @@ def write_kernel_home(
     if os.geteuid() == 0:
         for path in [*dirs, *(home / name for name in files)]:
             os.lchown(path, uid, gid)
+
+
+def new_host_key() -> tuple[str, str, str]:
+    """A fresh ed25519 key: (private key in OpenSSH format, public key line, fingerprint)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, public.decode(), fingerprint(base64.b64decode(public.split()[1]))
+
+
+def host_key_fingerprint(private_pem: bytes) -> str:
+    """The fingerprint of an OpenSSH private key's public half."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(private_pem, password=None)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return fingerprint(base64.b64decode(public.split()[1]))
+
+
+def sftp_files(kspec: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """An SFTP kernel's files for its home (its server, the server's configuration and a
+    fresh host key), and the host key's fingerprint."""
+    sftp = kspec["sftp"]
+    private, _, fingerprint = new_host_key()
+    config = {
+        "port": protocol.SFTP_PORT,
+        "host_key": f"{HOME}/{SFTP_HOST_KEY}",
+        "authorized_keys": f"{HOME}/.ssh/authorized_keys",
+        "folders": [
+            {"name": m["name"], "readonly": bool(m.get("readonly"))}
+            for m in kspec.get("mounts") or []
+        ],
+        "quotas": sftp.get("quotas") or [],
+    }
+    files = {
+        SFTP_HOST_KEY: private,
+        ".backendai/sftp.json": json.dumps(config, indent=1) + "\n",
+        ".backendai/sftp_server.py": SFTP_SERVER_SOURCE.read_text(),
+    }
+    return files, fingerprint
 
 
 def stream_logs(
@@ -380,6 +448,8 @@ class DockerBackend(Backend):
             if c["State"] == "running":
                 state.status = protocol.KR_RUNNING
                 log.info("adopted running kernel %s (container %s)", kernel_id, c["Id"][:12])
+                if labels.get(L_SFTP) == "true":
+                    self._spawn(self._republish(state))
             elif c["State"] in ("exited", "dead"):
                 self._spawn(self._container_ended(state))
             else:
@@ -459,6 +529,7 @@ class DockerBackend(Backend):
             if st.get("Running"):
                 return
             reason = "out of memory" if st.get("OOMKilled") else None
+            await self._unpublish(state)
             tail = await self._read_tail(state.container_id)
             self.set_status(state, protocol.KR_EXITED, exit_code=st.get("ExitCode"), reason=reason)
             self.keep_tail(state, tail)
@@ -467,6 +538,7 @@ class DockerBackend(Backend):
         async with state.lock:
             if state.destroying or state.status in (protocol.KR_GONE, protocol.KR_ERROR):
                 return  # an error's container is removed by _fail; the error report stands
+            await self._unpublish(state)
             self.set_status(state, protocol.KR_GONE, reason="container removed outside the agent")
             self.bury(state.kernel_id)
             await self._remove_home(state.kernel_id)
@@ -488,6 +560,8 @@ class DockerBackend(Backend):
     async def close(self) -> None:
         self._closing = True
         await super().close()
+        for state in list(self.kernels.values()):
+            await self._unpublish(state)
         stream = self._events_stream
         if stream is not None:
             with contextlib.suppress(Exception):
@@ -521,6 +595,7 @@ class DockerBackend(Backend):
                 log.info("kernel %s started in %.3f s", kernel_id, time.monotonic() - started)
 
     async def _fail(self, state: KernelState, reason: str) -> None:
+        await self._unpublish(state)
         self.set_status(state, protocol.KR_ERROR, reason=reason)
         if state.container_id:
             with contextlib.suppress(DockerException):
@@ -558,15 +633,29 @@ class DockerBackend(Backend):
         await self._ensure_image(state, kspec["image"])
         env = {str(k): str(v) for k, v in (kspec.get("env") or {}).items()}
         home = self.home_dir(state.kernel_id)
-        await self._call(write_kernel_home, home, env, spec.get("ssh"))
+        sftp = kspec.get("sftp")
+        files, fingerprint = await self._call(sftp_files, kspec) if sftp else ({}, "")
+        if sftp and not spec.get("ssh"):
+            raise KernelError("an SFTP session needs its session key pair")
+        await self._call(
+            write_kernel_home,
+            home,
+            env,
+            spec.get("ssh"),
+            authorized_keys=(sftp or {}).get("authorized_keys") or (),
+            extra_files=files,
+        )
         # The home first: the engine mounts by depth, so the data folders land inside it.
         mounts.insert(0, Mount(target=HOME, source=str(home), type="bind"))
         # A kernel alone in its session talks to no peer: no network at all
         # (no route out either), and no network to create or remove.
         # A kernel with service ports gets its session network even alone: the host
         # reaches the container at its address on that internal bridge (the app proxy's path).
-        alone = len(kspec.get("cluster_hosts") or [state.hostname]) <= 1 and not kspec.get(
-            "service_ports"
+        # An SFTP kernel too: the agent publishes its server's port from there.
+        alone = (
+            len(kspec.get("cluster_hosts") or [state.hostname]) <= 1
+            and not kspec.get("service_ports")
+            and not sftp
         )
         network_id = "none" if alone else await self._ensure_network(state)
         try:
@@ -580,7 +669,54 @@ class DockerBackend(Backend):
             kwargs = self._container_config(state, kspec, env, mounts, network_id)
             state.container_id = await self._call(self._create_or_replace, state, kwargs)
         await self._call(self.api.start, state.container_id)
+        if sftp:
+            await self._publish(state, fingerprint, wait=SFTP_START_TIMEOUT)
         self.set_status(state, protocol.KR_RUNNING, container_id=state.container_id)
+
+    # --- published ports (SFTP sessions) ------------------------------------------------
+
+    async def _publish(self, state: KernelState, fingerprint: str, wait: float) -> None:
+        """Publish the kernel's SFTP port on the agent's public address (agent/publish.py)
+        once its server listens; KernelError with the kernel's log when it never does."""
+        address = await self._container_address(state)
+        published = PublishedPort(
+            self.config.public_address,
+            self.config.advertised_host,
+            (address, protocol.SFTP_PORT),
+            changed=lambda: self._published_changed(state),
+        )
+        published.host_key_fingerprint = fingerprint
+        if not await published.wait_target(wait):
+            tail = (await self._read_tail(state.container_id))[-300:]
+            raise KernelError(f"the SFTP server did not start within {wait:.0f} s: {tail}")
+        try:
+            await published.start()
+        except OSError as exc:
+            raise KernelError(
+                f"cannot publish the SFTP port on {self.config.public_address}: {exc}"
+            ) from exc
+        state.extra["published"] = published
+
+    def _published_changed(self, state: KernelState) -> None:
+        # A connection opened or ended: the manager counts it as the session's activity.
+        if state.status == protocol.KR_RUNNING and not state.destroying:
+            self.report(state.report())
+
+    async def _unpublish(self, state: KernelState) -> None:
+        published = state.extra.pop("published", None)
+        if published is not None:
+            await published.close()
+
+    async def _republish(self, state: KernelState) -> None:
+        """An adopted SFTP kernel: its port again (the old listener died with the old agent)."""
+        async with state.lock:
+            try:
+                key = (self.home_dir(state.kernel_id) / SFTP_HOST_KEY).read_bytes()
+                await self._publish(state, host_key_fingerprint(key), wait=5)
+            except (KernelError, OSError, ValueError) as exc:
+                log.warning("adopted SFTP kernel %s not published: %s", state.kernel_id, exc)
+                return
+            self.report(state.report())
 
     async def _data_mounts(self, kspec: dict[str, Any]) -> list[Mount]:
         """The session's data folders under the home, each checked against the data root;
@@ -639,9 +775,12 @@ class DockerBackend(Backend):
             L_NETWORK: state.extra["network"],
             L_MANAGED: "true",
         }
+        if kspec.get("sftp"):
+            labels[L_SFTP] = "true"
+        command = SFTP_COMMAND if kspec.get("sftp") else kspec.get("startup_command")
         return dict(
             image=kspec["image"],
-            command=[kspec["startup_command"]] if kspec.get("startup_command") else [],
+            command=[command] if command else [],
             entrypoint=["/bin/sh", "-c", RUNNER, "bai-runner"],
             hostname=state.hostname,
             user=f"{KERNEL_UID}:{KERNEL_GID}",
@@ -775,6 +914,7 @@ class DockerBackend(Backend):
                 self.report(state.report())
                 return
             state.destroying = True
+            await self._unpublish(state)
             await self.terminals.close_kernel(kernel_id, "kernel destroyed")
             await self.execution.close_kernel(kernel_id)
             if state.container_id:
@@ -860,6 +1000,11 @@ class DockerBackend(Backend):
 
     async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
         state, _ = self._running_container(kernel_id)
+        return await self._container_address(state), port
+
+    async def _container_address(self, state: KernelState) -> str:
+        """The container's address on its session network (the host reaches it there)."""
+        kernel_id = state.kernel_id
         address = state.extra.get("address")
         if not address:
             info = await self._call(self.api.inspect_container, state.container_id)
@@ -871,7 +1016,7 @@ class DockerBackend(Backend):
             if not address:
                 raise KernelError(f"kernel {kernel_id} has no network address (no network)")
             state.extra["address"] = address
-        return address, port
+        return str(address)
 
     async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
         _, container_id = self._running_container(kernel_id)

@@ -256,6 +256,11 @@ class ProcessBackend(Backend):
         state.extra["exited"] = asyncio.Event()
         async with state.lock:
             self.report(state.report())
+            if kspec.get("sftp"):
+                # Its server needs the SFTP image's asyncssh and a port of its own to publish.
+                reason = "the process backend cannot run SFTP sessions; use a Docker agent"
+                self.set_status(state, protocol.KR_ERROR, reason=reason)
+                return
             limits = self.limits_for(state, kspec.get("slots") or {})
             try:
                 # Chosen here, on the loop, so that concurrent creates never share a uid.

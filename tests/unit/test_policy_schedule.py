@@ -556,10 +556,11 @@ def test_system_sessions_are_exempt_from_normal_quotas_but_have_their_own_limit(
     )
     decisions = schedule(snap)
     assert placed(decisions) == ["sftp1"]
-    assert (
-        wait_of(decisions, "sftp2").reason
-        == "quota: 1 concurrent system sessions allowed; 1 already active"
-    )
+    # A system session never waits: over its limit it is cancelled, with the quota's words.
+    assert decisions.waits == []
+    assert [(c.session_id, c.reason) for c in decisions.cancellations] == [
+        ("sftp2", "quota: 1 concurrent system sessions allowed; 1 already active")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -617,3 +618,53 @@ def test_unknown_policy_names_are_refused() -> None:
         GroupConfig("g", "fifo", 0, "binpack", frozenset(), None)
     with pytest.raises(ValueError, match="unknown cluster mode"):
         session("s", mode="multi")
+
+
+# --- system (SFTP) sessions never wait ---------------------------------------------------------
+
+
+def _with_system(snap: Snapshot) -> Snapshot:
+    from dataclasses import replace
+
+    allowed = frozenset({"interactive", "batch", "system"})
+    return replace(snap, group=replace(snap.group, allowed_session_types=allowed))
+
+
+def test_a_system_session_over_its_limit_is_cancelled_at_once_with_the_reason() -> None:
+    sftp = session("sftp-2", session_type="system", cpu="0.25")
+    usage = {"alice": OwnerUsage(slots(0.25), 0, 0, 1)}
+    quota = Quota(None, None, None, None, None, max_concurrent_system_sessions=1)
+    decisions = schedule(
+        _with_system(snapshot([sftp], [agent("a", 8)], usage=usage, default_quota=quota))
+    )
+    assert decisions.waits == []
+    [cancelled] = decisions.cancellations
+    assert cancelled.session_id == "sftp-2"
+    assert "concurrent system sessions" in cancelled.reason
+    # An interactive session held back by its own limit waits instead.
+    held = session("busy")
+    decisions = schedule(
+        snapshot(
+            [held],
+            [agent("a", 8)],
+            usage={"alice": OwnerUsage(slots(1), 1, 0, 0)},
+            default_quota=Quota(None, 1, None, None, None),
+        )
+    )
+    assert wait_of(decisions, "busy") and decisions.cancellations == []
+
+
+def test_a_system_session_that_fits_nowhere_is_cancelled_and_never_queues_behind_a_head() -> None:
+    head = session("big", cpu=16, minute=0)  # blocks the FIFO queue: no agent has 16 cpu free
+    too_big = session("sftp-big", session_type="system", cpu=64, minute=1)
+    small = session("sftp-small", session_type="system", cpu="0.25", minute=2)
+    decisions = schedule(
+        _with_system(snapshot([head, too_big, small], [agent("a", 8, used_cpu=4)]))
+    )
+    assert placed(decisions) == ["sftp-small"]
+    assert [c.session_id for c in decisions.cancellations] == ["sftp-big"]
+    assert wait_of(decisions, "big")
+    # A type the group does not allow cancels it too, with that reason.
+    decisions = schedule(snapshot([session("sftp-x", session_type="system")], [agent("a", 8)]))
+    [cancelled] = decisions.cancellations
+    assert "not allowed" in cancelled.reason

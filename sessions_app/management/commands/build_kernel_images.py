@@ -22,6 +22,11 @@ IMAGE_INFO = {
         "service_ports": [images.JUPYTER_APP],
         "min_slots": {"cpu": "0.25", "mem": str(64 * 2**20)},
     },
+    images.SFTP_IMAGE: {
+        "display_name": "SFTP (system sessions)",
+        "description": "The SFTP server of the data folders' system sessions (asyncssh).",
+        "min_slots": {"cpu": "0.1", "mem": str(64 * 2**20)},
+    },
 }
 
 
@@ -31,7 +36,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--force", action="store_true", help="rebuild even when cached")
         parser.add_argument(
-            "--only", choices=["minimal", "python"], help="build just one of the images"
+            "--only", choices=["minimal", "python", "sftp"], help="build just one of the images"
         )
         parser.add_argument(
             "--quiet-if-cached", action="store_true", help="print nothing when nothing was built"
@@ -50,8 +55,12 @@ class Command(BaseCommand):
             if not options["quiet_if_cached"]:
                 self.stdout.write(message)
 
-        builders = {"minimal": images.build_minimal, "python": images.build_python}
-        wanted = [options["only"]] if options["only"] else ["minimal", "python"]
+        builders = {
+            "minimal": images.build_minimal,
+            "python": images.build_python,
+            "sftp": images.build_sftp,
+        }
+        wanted = [options["only"]] if options["only"] else list(builders)
         built = []
         try:
             for name in wanted:

@@ -1,0 +1,283 @@
+"""SFTP system sessions on a real engine, driven by OpenSSH's own ``sftp`` and ``scp``.
+
+The whole path: the API starts a system session on alice's folders, the scheduler places it,
+a real agent runs the SFTP kernel (bai-kernel/sftp:1, our asyncssh server) and publishes its
+port on 127.0.0.1, and the standard client talks to it there with the session's key.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from scheduler_app.sweeps import sweep_timeouts
+from sessions_app.models import (
+    DataFolder,
+    FolderPermission,
+    FolderShare,
+    Image,
+    Kernel,
+    ResourcePolicy,
+    Session,
+    SessionType,
+    Status,
+)
+from tests.conftest import skip_or_fail
+from tests.docker.test_cluster_system import (  # noqa: F401 - engine is a fixture
+    MINIMAL_IMAGE,
+    _containers,
+    _wait_status,
+    engine,
+)
+from tests.live import wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
+
+SFTP_IMAGE = "bai-kernel/sftp:1"
+SSH_OPTIONS = [
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "ConnectTimeout=10",
+]
+QUOTA = 4 * 2**20
+
+
+@pytest.fixture
+def sftp_ready(engine):  # noqa: F811 - the imported fixture
+    """The engine (test_cluster_system's fixture, which cleans up after the sessions), the SFTP
+    image and OpenSSH's client tools."""
+    try:
+        engine.images.get(SFTP_IMAGE)
+    except Exception:  # noqa: BLE001
+        skip_or_fail(f"kernel image {SFTP_IMAGE} is missing (manage.py build_kernel_images)")
+    for tool in ("sftp", "scp", "ssh-keygen", "ssh-keyscan"):
+        if shutil.which(tool) is None:
+            skip_or_fail(f"OpenSSH's {tool} is missing (apt-get install openssh-client)")
+    return engine
+
+
+@pytest.fixture
+def images(group):
+    Image.objects.get_or_create(reference=SFTP_IMAGE)
+    Image.objects.get_or_create(reference=MINIMAL_IMAGE)
+
+
+def _keypair(path: Path) -> tuple[Path, str]:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path, (path.with_suffix(".pub")).read_text().strip()
+
+
+def _sftp(port: int, key: Path, commands: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    batch = cwd / "batch"
+    batch.write_text(commands + "\n")
+    return subprocess.run(
+        ["sftp", *SSH_OPTIONS, "-P", str(port), "-i", str(key), "-b", str(batch), "work@127.0.0.1"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def _scp(port: int, key: Path, src: str, dst: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["scp", *SSH_OPTIONS, "-P", str(port), "-i", str(key), "-r", src, dst],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def _start_sftp(api, user, folder_ids) -> dict:
+    response = api(user).post("/api/v1/folders/sftp/", {"folders": folder_ids}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
+    sftp_ready, images, live_system, agent, api, alice, bob, tmp_path
+):
+    docker_engine = sftp_ready
+    ResourcePolicy.objects.filter(is_default=True).update(
+        max_folder_bytes=QUOTA, idle_timeout=timedelta(minutes=10)
+    )
+    live_system.start_agent(agent)
+    work = tmp_path / "client"
+    work.mkdir()
+    assert api(alice).post("/api/v1/folders/", {"name": "data"}, format="json").status_code == 201
+    data = DataFolder.objects.get(owner=alice, name="data")
+    bobs = DataFolder.objects.create(owner=bob, name="bobs")
+    bobs.host_path.mkdir(parents=True, exist_ok=True)
+    (bobs.host_path / "readme.txt").write_text("bob's\n")
+    FolderShare.objects.create(folder=bobs, user=alice, permission=FolderPermission.READ_ONLY)
+    # A link a container could have made, pointing outside every folder.
+    data.host_path.mkdir(parents=True, exist_ok=True)
+    os.symlink("/etc", data.host_path / "etclink")
+
+    # Alice registers her own key; bob registers his.
+    alice_key, alice_pub = _keypair(work / "alice")
+    bob_key, bob_pub = _keypair(work / "bob")
+    answer = api(alice).post(
+        "/api/v1/ssh-keys/", {"name": "laptop", "public_key": alice_pub}, format="json"
+    )
+    assert answer.status_code == 201, answer.json()
+    assert (
+        api(bob)
+        .post("/api/v1/ssh-keys/", {"name": "bobs", "public_key": bob_pub}, format="json")
+        .status_code
+        == 201
+    )
+
+    # A running session of alice's mounts the same folder (it sees what SFTP uploads).
+    shell = api(alice).post(
+        "/api/v1/sessions/",
+        {"image": MINIMAL_IMAGE, "resources": {"cpu": "0.5", "mem": "64m"}, "mounts": ["data"]},
+        format="json",
+    )
+    assert shell.status_code == 201, shell.json()
+
+    created = _start_sftp(api, alice, [data.pk, bobs.pk])
+    session_id = created["id"]
+    assert created["type"] == SessionType.SYSTEM
+    try:
+        _wait_status(session_id, Status.RUNNING, timeout=90)
+        _wait_status(shell.json()["id"], Status.RUNNING, timeout=60)
+    except AssertionError:
+        print(live_system.agent_log(agent.pk)[-4000:])
+        raise
+    info = wait_for(
+        lambda: (r := api(alice).get(f"/api/v1/sessions/{session_id}/sftp/").json())["port"] and r,
+        timeout=20,
+        what="the published port",
+    )
+    assert info["host"] == "127.0.0.1" and info["user"] == "work"
+    assert info["folders"] == ["bobs", "data"] and info["readonly_folders"] == ["bobs"]
+    assert info["authorized_keys"] == ["session key", "laptop"]
+    port = info["port"]
+    assert info["command"] == f"sftp -P {port} -i KEYFILE work@127.0.0.1"
+    scanned = subprocess.run(
+        ["ssh-keyscan", "-p", str(port), "-t", "ed25519", "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    keyfile = work / "hostkey.pub"
+    keyfile.write_text(scanned.stdout)
+    printed = subprocess.run(["ssh-keygen", "-lf", str(keyfile)], capture_output=True, text=True)
+    assert info["host_key_fingerprint"] in printed.stdout, (printed.stdout, info)
+
+    # The private key download; bob reaches neither it nor the connection info.
+    download = api(alice).get(f"/api/v1/sessions/{session_id}/sftp/key/")
+    assert download.status_code == 200
+    assert "attachment" in download["Content-Disposition"]
+    session_key = work / "session.key"
+    session_key.write_bytes(download.content)
+    session_key.chmod(0o600)
+    assert api(bob).get(f"/api/v1/sessions/{session_id}/sftp/").status_code == 404
+    assert api(bob).get(f"/api/v1/sessions/{session_id}/sftp/key/").status_code == 404
+
+    # Upload a file and a tree with the session key.
+    (work / "hello.txt").write_text("hello over sftp\n")
+    tree = work / "tree" / "a" / "b"
+    tree.mkdir(parents=True)
+    (tree / "deep.txt").write_text("deep\n")
+    (work / "tree" / "top.txt").write_text("top\n")
+    before = Session.objects.get(pk=session_id).last_activity_at
+    done = _sftp(port, session_key, "ls /\ncd data\nput hello.txt\nput -r tree\nls -l", work)
+    assert done.returncode == 0, done.stdout + done.stderr
+    listing_root = done.stdout.split("sftp> cd data")[0]
+    assert "bobs" in listing_root and "data" in listing_root and ".ssh" not in listing_root
+    assert (data.host_path / "hello.txt").read_text() == "hello over sftp\n"
+    assert (data.host_path / "tree/a/b/deep.txt").read_text() == "deep\n"
+    assert (data.host_path / "tree/top.txt").read_text() == "top\n"
+    container = docker_engine.containers.get(
+        _containers(docker_engine, shell.json()["id"])["main1"]
+    )
+    code, out = container.exec_run(["cat", "/home/work/data/tree/a/b/deep.txt"], user="1000:1000")
+    assert (code, out) == (0, b"deep\n")
+    # A connection is activity (the agent reports it; the manager moves the idle clock).
+    wait_for(
+        lambda: Session.objects.get(pk=session_id).last_activity_at > before,
+        timeout=15,
+        what="the SFTP connection to count as activity",
+    )
+
+    # scp both ways, with alice's registered key.
+    up = _scp(port, alice_key, "hello.txt", "work@127.0.0.1:/data/scp.txt", work)
+    assert up.returncode == 0, up.stderr
+    down = _scp(port, alice_key, "work@127.0.0.1:/data/tree", str(work / "back"), work)
+    assert down.returncode == 0, down.stderr
+    assert (work / "back/a/b/deep.txt").read_text() == "deep\n"
+    assert (data.host_path / "scp.txt").read_text() == "hello over sftp\n"
+
+    # Nothing outside the folders: not /etc, not through a link, not the kernel's home.
+    for escape in (
+        "cd /etc",
+        "get /data/etclink/passwd",
+        "ls /data/etclink/",
+        "get /.ssh/authorized_keys",
+        "cd /data/../..",
+    ):
+        tried = _sftp(port, session_key, escape, work)
+        assert "root:" not in tried.stdout and "ssh-ed25519" not in tried.stdout, escape
+        if escape.startswith("get") or escape == "cd /etc":
+            assert tried.returncode != 0, (escape, tried.stdout)
+    assert not (work / "passwd").exists() and not (work / "authorized_keys").exists()
+    gone = _sftp(port, session_key, "cd /data/../..\npwd", work)
+    assert "Remote working directory: /\n" in gone.stdout
+
+    # The read-only share refuses writes; its file reads fine.
+    refused = _sftp(port, session_key, "put hello.txt /bobs/new.txt", work)
+    assert refused.returncode != 0 and not (bobs.host_path / "new.txt").exists()
+    assert "Permission denied" in refused.stdout + refused.stderr
+    assert _sftp(port, session_key, "rm /bobs/readme.txt", work).returncode != 0
+    assert (bobs.host_path / "readme.txt").exists()
+    got = _sftp(port, session_key, "get /bobs/readme.txt", work)
+    assert got.returncode == 0 and (work / "readme.txt").read_text() == "bob's\n"
+
+    # Past the byte quota: refused, with the figures in the server's answer; nothing left.
+    (work / "big.bin").write_bytes(os.urandom(QUOTA + 2**20))
+    over = _sftp(port, session_key, "put big.bin /data/big.bin", work)
+    assert over.returncode != 0, over.stdout
+    assert not (data.host_path / "big.bin").exists()
+    logs = (
+        docker_engine.containers.get(_containers(docker_engine, session_id)["main1"])
+        .logs()
+        .decode()
+    )
+    assert "Write refused: your folders hold" in logs and "of your 4.0 MiB quota" in logs
+
+    # Bob's key does not open alice's session.
+    denied = _sftp(port, bob_key, "ls /", work)
+    assert denied.returncode == 255 and "Permission denied" in denied.stderr
+
+    # A second SFTP session is over the limit (1): cancelled at once, with the reason.
+    second = _start_sftp(api, alice, [data.pk])
+    second_session = Session.objects.get(pk=second["id"])
+    assert second_session.status == Status.CANCELLED, second_session.status
+    assert "system sessions" in second_session.status_reason, second_session.status_reason
+
+    # No connection for the idle timeout: the sweep ends it.
+    later = timezone.now() + timedelta(minutes=11)
+    ended = sweep_timeouts(now=later)
+    assert session_id in ended.ended.get("idle", []), ended
+    _wait_status(session_id, {Status.TERMINATED}, timeout=60)
+    assert api(alice).get(f"/api/v1/sessions/{session_id}/sftp/").json()["port"] is None
+    assert Kernel.objects.get(pk=session_id).published_port is not None  # kept: where it was
+    wait_for(
+        lambda: not _containers(docker_engine, session_id), timeout=30, what="container removed"
+    )

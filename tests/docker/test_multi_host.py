@@ -13,9 +13,11 @@ image stores stay cached between runs next to the kernel-image cache.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,7 @@ HOSTNAMES = ("main1", "sub1", "sub2")
 
 def cluster(*args: str, **env: str) -> str:
     """Run ``scripts/cluster``; its output, or a failure that shows it."""
+    started = time.monotonic()
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "cluster"), *args],
         cwd=ROOT,
@@ -55,6 +58,7 @@ def cluster(*args: str, **env: str) -> str:
     )
     if done.returncode:
         pytest.fail(f"scripts/cluster {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    print(f"scripts/cluster {' '.join(args)}: {time.monotonic() - started:.1f} s")
     return done.stdout
 
 
@@ -71,6 +75,20 @@ def engines():
             host.images.get(reference)
     except Exception as exc:  # noqa: BLE001 - no engine, or no image to move
         skip_or_fail(f"the machine's engine or a kernel image is missing: {exc}")
+    # One test cluster at a time on this machine (its names and cached image
+    # stores are fixed): a second run waits here for the first to finish.
+    state = Path(CLUSTER["BAI_CLUSTER_DIR"])
+    state.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(state.parent / "cluster-test.lock", "a")  # noqa: SIM115 - held for the module
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail("another run's multi-host test held the test cluster for 5 minutes")
+            time.sleep(1)
     try:
         cluster("up", BAI_CLUSTER_NO_AGENTS="1")
         clients = {
@@ -79,7 +97,10 @@ def engines():
         }
         yield clients
     finally:
-        cluster("down")
+        try:
+            cluster("down")
+        finally:
+            lock.close()
 
 
 @pytest.fixture

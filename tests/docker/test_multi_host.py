@@ -24,7 +24,7 @@ import pytest
 
 from scheduler_app.reconcile import sweep_lost_agents
 from sessions_app.kernel_images import default_cache_dir
-from sessions_app.models import Agent, AgentStatus, Image, Kernel, Session, Status
+from sessions_app.models import Agent, AgentStatus, Kernel, Session, Status
 from tests.conftest import skip_or_fail
 from tests.live import wait_for
 
@@ -121,18 +121,6 @@ def agents(engines, group, make_agent, live_system, fast_heartbeats, settings):
     )
     yield start
     cluster("stop-agents")
-
-
-@pytest.fixture
-def images(group):
-    Image.objects.get_or_create(reference=PYTHON_IMAGE, defaults={"supports_ssh": True})
-    Image.objects.get_or_create(reference=MINIMAL_IMAGE)
-
-
-@pytest.fixture
-def fast_heartbeats(settings):
-    settings.BAI_AGENT_HEARTBEAT_INTERVAL = 0.5
-    settings.BAI_AGENT_LOST_TIMEOUT = 4.0
 
 
 def agent_log(i: int) -> str:

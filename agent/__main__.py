@@ -20,7 +20,10 @@ def make_backend(config: AgentConfig) -> Backend:
         try:
             import docker
 
-            client = docker.from_env(timeout=30)
+            if config.docker_host:
+                client = docker.DockerClient(base_url=config.docker_host, timeout=30)
+            else:
+                client = docker.from_env(timeout=30)
             client.ping()
         except Exception as exc:  # noqa: BLE001 - any failure means "no usable engine"
             if config.backend == "docker":
@@ -53,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("docker").setLevel(max(logging.INFO, logging.getLogger().level))
     logging.getLogger("urllib3").setLevel(max(logging.INFO, logging.getLogger().level))
     log.info(
-        "agent starting: manager %s, backend %s, resource group %s",
+        "agent starting: manager %s, backend %s%s, resource group %s",
         config.manager,
         config.backend,
+        f" on {config.docker_host}" if config.docker_host else "",
         config.resource_group,
     )
     return asyncio.run(amain(config))

@@ -49,6 +49,8 @@ class AgentConfig:
     manager: str = "ws://127.0.0.1:8000"
     token: str = field(default="", repr=False)
     backend: str = "auto"
+    # The Docker engine's address (unix:// or tcp://); None: DOCKER_HOST or the default socket.
+    docker_host: str | None = None
     resource_group: str | None = None
     cpu: Decimal | None = None
     mem: int | None = None
@@ -104,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent token (or env BACKENDAI_AGENT_TOKEN)",
     )
     p.add_argument("--backend", choices=("docker", "process", "auto"), default="auto")
+    p.add_argument(
+        "--docker-host",
+        default=os.environ.get("DOCKER_HOST") or None,
+        help="the Docker engine to run kernels on, e.g. unix:///run/engine2/docker.sock"
+        " (or env DOCKER_HOST; default: the engine's usual socket)",
+    )
     p.add_argument("--resource-group", default=None)
     p.add_argument("--cpu", type=Decimal, default=None, help="override the CPU core count")
     p.add_argument("--mem", type=_size_option, default=None, help="override memory: bytes or 4g")
@@ -161,6 +169,7 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         manager=ns.manager,
         token=ns.token,
         backend=ns.backend,
+        docker_host=ns.docker_host,
         resource_group=ns.resource_group,
         cpu=ns.cpu,
         mem=ns.mem,

@@ -358,13 +358,31 @@ _FRAME_LEN = struct.Struct(">I")
 def network_driver(swarm: dict[str, Any], cluster_mode: str) -> str:
     """The network a session's kernels share on this engine.
 
-    A multi-node session whose engines form a swarm (this one a manager) gets an
-    attachable overlay, so kernels on other hosts can join it; otherwise all
+    A multi-node session on an engine that is part of a swarm gets an attachable
+    overlay, so kernels on the other hosts join the same network; otherwise all
     its kernels here share a local bridge (agents on one engine share it too).
     Both are internal: no route out.
     """
-    in_swarm = swarm.get("LocalNodeState") == "active" and bool(swarm.get("ControlAvailable"))
+    in_swarm = swarm.get("LocalNodeState") == "active"
     return "overlay" if in_swarm and cluster_mode == "multi-node" else "bridge"
+
+
+def swarm_manager(swarm: dict[str, Any]) -> bool:
+    """Whether this engine may create and remove swarm (overlay) networks.
+
+    A worker cannot: it only attaches containers to an overlay by name, and the
+    engine fetches the network from the managers when the container starts.
+    """
+    return swarm.get("LocalNodeState") == "active" and bool(swarm.get("ControlAvailable"))
+
+
+# Removing an overlay fails while a container on another engine is still on it
+# (or while the swarm still holds the attachment of one just removed): the agents
+# of the session's last kernels retry for this long, and the last one out wins.
+OVERLAY_REMOVE_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# How long the other agents of a multi-node session wait for main1's agent to
+# create its overlay (it may still be loading the image).
+OVERLAY_WAIT = 120.0
 
 
 def network_name(spec: dict[str, Any]) -> str:
@@ -579,6 +597,8 @@ class DockerBackend(Backend):
         kernel_id = state.kernel_id
         state.extra["network"] = network_name(spec)
         state.extra["cluster_mode"] = spec.get("cluster_mode") or ""
+        # main1's agent makes a multi-node session's overlay; the others attach to it.
+        state.extra["network_owner"] = kspec.get("role") == "main"
         async with state.lock:
             self.report(state.report())
             started = time.monotonic()
@@ -809,19 +829,34 @@ class DockerBackend(Backend):
     async def _ensure_network(self, state: KernelState) -> str:
         name = state.extra["network"]
         lock = self._net_locks.setdefault(name, asyncio.Lock())
-        async with lock:  # kernels of one session on this agent: one lookup, one create
-            return await self._call(
-                self._ensure_network_sync,
-                name,
-                state.session_id,
-                state.extra.get("cluster_mode", ""),
-            )
+        deadline = time.monotonic() + OVERLAY_WAIT
+        delay = 0.05
+        while True:
+            async with lock:  # kernels of one session on this agent: one lookup, one create
+                network = await self._call(
+                    self._ensure_network_sync,
+                    name,
+                    state.session_id,
+                    state.extra.get("cluster_mode", ""),
+                    bool(state.extra.get("network_owner")),
+                )
+            if network is not None:
+                return network
+            if time.monotonic() > deadline:
+                raise KernelError(
+                    f"overlay network {name} did not appear in {OVERLAY_WAIT:.0f} s"
+                    " (main1's agent makes it)"
+                )
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
 
     def _networks_named(self, name: str) -> list[dict[str, Any]]:
         # The engine's name filter matches substrings; keep exact matches only.
         return [n for n in self.api.networks(names=[name]) if n["Name"] == name]
 
-    def _ensure_network_sync(self, name: str, session_id: str, cluster_mode: str = "") -> str:
+    def _ensure_network_sync(
+        self, name: str, session_id: str, cluster_mode: str = "", owner: bool = True
+    ) -> str | None:
         # Agents sharing one engine run on one host: a host-wide lock around
         # look-up-then-create keeps them from making twins (the engine's own
         # duplicate check is not atomic, and it resolves networks by name when
@@ -829,39 +864,80 @@ class DockerBackend(Backend):
         with open(NETWORK_LOCK_PATH, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                return self._ensure_network_locked(name, session_id, cluster_mode)
+                swarm = self._swarm() if cluster_mode == "multi-node" else {}
+                if network_driver(swarm, cluster_mode) == "overlay":
+                    return self._ensure_overlay(name, session_id, swarm, owner)
+                return self._ensure_bridge(name, session_id)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _swarm(self) -> dict[str, Any]:
-        if self._swarm_info is None:
-            try:
-                self._swarm_info = self.api.info().get("Swarm") or {}
-            except DockerException:
-                self._swarm_info = {}
+        # Read again each time a network is made: an engine may join or leave a
+        # swarm while the agent runs (info is a few milliseconds).
+        try:
+            self._swarm_info = self.api.info().get("Swarm") or {}
+        except DockerException:
+            self._swarm_info = self._swarm_info or {}
         return self._swarm_info
 
-    def _ensure_network_locked(self, name: str, session_id: str, cluster_mode: str) -> str:
+    def _ensure_overlay(
+        self, name: str, session_id: str, swarm: dict[str, Any], owner: bool
+    ) -> str | None:
+        """A multi-node session's overlay: its id, its name, or None while it is not there yet.
+
+        Only main1's agent creates it. Managers of one swarm do not refuse a second
+        overlay of the same name (each checks only its own view), so agents that
+        all looked up and then created would make twins, each kernel on another.
+        The other agents wait until it shows, then attach by its id.
+        """
+        if not swarm_manager(swarm):
+            if owner:
+                raise KernelError(
+                    "main1 of a multi-node session runs on a swarm worker, which cannot create"
+                    " the session's overlay network: make this engine a swarm manager"
+                )
+            # A worker sees a swarm network only once a container of its own is
+            # on it: attach by name, and the engine asks the managers for it.
+            return name
+        nets = self._networks_named(name)
+        if not nets and owner:
+            self.api.create_network(
+                name,
+                driver="overlay",
+                internal=True,
+                attachable=True,
+                check_duplicate=True,
+                labels={L_SESSION: session_id, L_MANAGED: "true"},
+            )
+            log.info("created internal overlay network %s for session %s", name, session_id)
+            nets = self._networks_named(name)
+        if not nets:
+            return None
+        nets.sort(key=lambda n: (n.get("Created", ""), n["Id"]))
+        chosen = nets[0]
+        if chosen.get("Internal") is False or chosen.get("Driver") not in (None, "", "overlay"):
+            raise KernelError(f"network {name} exists and is not an internal overlay; refusing it")
+        return str(chosen["Id"])
+
+    def _ensure_bridge(self, name: str, session_id: str) -> str:
         nets = self._networks_named(name)
         if not nets:
-            driver = network_driver(self._swarm(), cluster_mode)
             try:
                 self.api.create_network(
                     name,
-                    driver=driver,
+                    driver="bridge",
                     internal=True,
-                    attachable=driver == "overlay",
                     check_duplicate=True,
                     labels={L_SESSION: session_id, L_MANAGED: "true"},
                 )
-                log.info("created internal %s network %s for session %s", driver, name, session_id)
+                log.info("created internal bridge network %s for session %s", name, session_id)
             except APIError as exc:
                 if exc.status_code != 409:  # another agent on this engine created it first
                     raise
             nets = self._networks_named(name)
         if not nets:
             raise KernelError(f"network {name} vanished while being created")
-        # Two agents on one engine may both create it (the engine's duplicate
+        # Two agents on one engine may both create a bridge (the engine's duplicate
         # check is not atomic). All agree on the oldest, and whoever sees a
         # younger twin removes it before any container joins it: the engine
         # resolves a container's networks by name when it starts, so twins
@@ -884,12 +960,35 @@ class DockerBackend(Backend):
             return
         lock = self._net_locks.setdefault(name, asyncio.Lock())
         async with lock:
-            await self._call(self._remove_network_sync, name, state.session_id)
+            busy = await self._call(self._remove_network_sync, name, state.session_id)
+        if busy:
+            self._spawn(self._remove_overlay_later(name, state.session_id))
 
-    def _remove_network_sync(self, name: str, session_id: str) -> None:
+    async def _remove_overlay_later(self, name: str, session_id: str) -> None:
+        """Retry removing a session's overlay that other hosts' kernels still used.
+
+        Every agent whose kernels of the session are gone retries a while: the
+        session's last kernel may end on any host, and its agent's first try
+        may still see the others' attachments.
+        """
+        for delay in OVERLAY_REMOVE_DELAYS:
+            await asyncio.sleep(delay)
+            lock = self._net_locks.setdefault(name, asyncio.Lock())
+            async with lock:
+                if not await self._call(self._remove_network_sync, name, session_id):
+                    return
+        log.info("overlay %s stays: kernels on other hosts still use it", name)
+
+    def _remove_network_sync(self, name: str, session_id: str) -> bool:
+        """Remove the session's network unless a container here still uses it.
+
+        True when an overlay stays because of containers on other engines: worth
+        another try once they are gone.
+        """
         users = self.api.containers(all=True, filters={"label": f"{L_SESSION}={session_id}"})
         if users:
-            return
+            return False
+        busy = False
         for net in self._networks_named(name):
             try:
                 self.api.remove_network(net["Id"])
@@ -898,6 +997,8 @@ class DockerBackend(Backend):
                 pass
             except APIError as exc:  # still used by another agent's containers
                 log.info("network %s stays: %s", name, exc.explanation or exc)
+                busy = busy or net.get("Driver") == "overlay"
+        return busy
 
     # --- destroy ------------------------------------------------------------------------
 

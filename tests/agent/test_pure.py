@@ -21,7 +21,14 @@ from agent.backends.base import (
     render_ssh_environment,
     trim_tail,
 )
-from agent.backends.docker import RUNNER, Dechunker, Demuxer, network_driver, write_kernel_home
+from agent.backends.docker import (
+    RUNNER,
+    Dechunker,
+    Demuxer,
+    network_driver,
+    swarm_manager,
+    write_kernel_home,
+)
 from agent.backends.process import runner_python
 from agent.coderunner import size_text
 from agent.config import AgentConfig, capacity, config_from_args, detect_cpu, detect_mem
@@ -194,13 +201,27 @@ def test_a_kernel_always_gets_limits_never_below_the_agents_floor(slots, cpu, me
         ({"LocalNodeState": "inactive"}, "multi-node", "bridge"),
         ({"LocalNodeState": "active", "ControlAvailable": True}, "multi-node", "overlay"),
         ({"LocalNodeState": "active", "ControlAvailable": True}, "single-node", "bridge"),
-        ({"LocalNodeState": "active", "ControlAvailable": False}, "multi-node", "bridge"),
+        # A worker attaches to the overlay that an agent on a manager made.
+        ({"LocalNodeState": "active", "ControlAvailable": False}, "multi-node", "overlay"),
     ],
 )
 def test_a_multi_node_session_gets_an_overlay_only_where_the_engines_form_a_swarm(
     swarm, mode, driver
 ):
     assert network_driver(swarm, mode) == driver
+
+
+@pytest.mark.parametrize(
+    ("swarm", "manager"),
+    [
+        ({}, False),
+        ({"LocalNodeState": "inactive", "ControlAvailable": True}, False),
+        ({"LocalNodeState": "active", "ControlAvailable": False}, False),
+        ({"LocalNodeState": "active", "ControlAvailable": True}, True),
+    ],
+)
+def test_only_a_swarm_manager_creates_and_removes_overlays(swarm, manager):
+    assert swarm_manager(swarm) is manager
 
 
 def _record(data, kind="stdout"):

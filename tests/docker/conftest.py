@@ -94,3 +94,19 @@ def test_image(docker_client) -> str:
         repo, tag = TEST_IMAGE.split(":")
         docker_client.api.import_image_from_data(busybox_rootfs_tar(), repository=repo, tag=tag)
     return TEST_IMAGE
+
+
+@pytest.fixture
+def images(group):
+    """The project's kernel images, registered (the Python one carries sshd)."""
+    from sessions_app.models import Image
+
+    Image.objects.get_or_create(reference="bai-kernel/python:2", defaults={"supports_ssh": True})
+    Image.objects.get_or_create(reference="bai-kernel/minimal:1")
+
+
+@pytest.fixture
+def fast_heartbeats(settings):
+    """Heartbeats every 0.5 s, LOST after 4 s: the live server takes them from settings."""
+    settings.BAI_AGENT_HEARTBEAT_INTERVAL = 0.5
+    settings.BAI_AGENT_LOST_TIMEOUT = 4.0

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from scheduler_app.reconcile import sweep_lost_agents
-from sessions_app.models import Agent, AgentStatus, DataFolder, Image, Kernel, Session, Status
+from sessions_app.models import Agent, AgentStatus, DataFolder, Kernel, Session, Status
 from tests.conftest import skip_or_fail
 from tests.live import wait_for
 
@@ -49,18 +49,6 @@ def engine(transactional_db):
                 network.remove()
             except Exception:  # noqa: BLE001 - still in use by a container being removed
                 pass
-
-
-@pytest.fixture
-def images(group):
-    Image.objects.get_or_create(reference=PYTHON_IMAGE, defaults={"supports_ssh": True})
-    Image.objects.get_or_create(reference=MINIMAL_IMAGE)
-
-
-@pytest.fixture
-def fast_heartbeats(settings):
-    settings.BAI_AGENT_HEARTBEAT_INTERVAL = 0.5
-    settings.BAI_AGENT_LOST_TIMEOUT = 4.0
 
 
 def _status(session_id):

@@ -252,7 +252,7 @@ function sftpPanel(id, info, session) {
         el("code", {}, "chmod 600"),
         ") and pass it with ",
         el("code", {}, "-i"),
-        info.authorized_keys && info.authorized_keys.length ? `; your registered keys work too: ${info.authorized_keys.join(", ")}.` : ".",
+        (info.authorized_keys || []).filter((k) => k !== "session key").length ? `; your registered keys work too: ${info.authorized_keys.filter((k) => k !== "session key").join(", ")}.` : ".",
       ),
     );
   } else if (!ended) {

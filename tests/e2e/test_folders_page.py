@@ -215,3 +215,69 @@ def test_ssh_keys_are_added_refused_when_bad_and_deleted_on_the_profile(
     page.click('#keys-body tr[data-name="laptop"] [data-action="delete"]')
     page.wait_for_selector('#keys-body tr[data-name="laptop"]', state="detached")
     assert page.js_errors == []
+
+
+def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
+    users, real_agent, docker_client, live_server_url, login, shot, tmp_path
+):
+    """Tick a folder, open SFTP, read how to connect, download the key, and put a file
+    with OpenSSH's ``sftp``: the file browser lists it. Then terminate the session."""
+    import shutil
+    import subprocess
+
+    from sessions_app import services
+    from sessions_app.models import Image
+    from tests.conftest import skip_or_fail
+
+    if shutil.which("sftp") is None:
+        skip_or_fail("OpenSSH's sftp is missing (apt-get install openssh-client)")
+    try:
+        docker_client.images.get("bai-kernel/sftp:1")
+    except Exception:  # noqa: BLE001
+        skip_or_fail("kernel image bai-kernel/sftp:1 is missing (manage.py build_kernel_images)")
+    _orm(Image.objects.get_or_create, reference="bai-kernel/sftp:1")
+    _orm(services.folder_create, owner=users["alice"], name="inbox")
+
+    page = login("alice")
+    _open_data(page, live_server_url)
+    assert page.locator("#sftp-open").is_disabled()
+    page.check('#folders-body tr[data-name="inbox"] input[type="checkbox"]')
+    assert page.inner_text("#sftp-count") == "1"
+    page.click("#sftp-open")
+    panel = page.locator("#sftp-list .sftp-session").first
+    panel.locator('[data-fact="port"]').wait_for(timeout=90_000)
+    session_id = panel.get_attribute("data-id")
+    port = panel.locator('[data-fact="port"]').inner_text()
+    host = panel.locator('[data-fact="host"]').inner_text()
+    assert panel.locator('[data-fact="user"]').inner_text() == "work"
+    assert panel.locator('[data-fact="folders"]').inner_text() == "inbox"
+    assert f"-P {port}" in panel.locator('[data-role="command"]').inner_text()
+    shot(page, "sftp-session-ready")
+
+    with page.expect_download() as download:
+        panel.locator('[data-action="key"]').click()
+    key = tmp_path / "sftp.key"
+    key.write_bytes(open(download.value.path(), "rb").read())
+    key.chmod(0o600)
+    (tmp_path / "hello.txt").write_text("over sftp\n")
+    batch = tmp_path / "batch"
+    batch.write_text(f"put {tmp_path / 'hello.txt'} inbox/hello.txt\n")
+    done = subprocess.run(
+        ["sftp", "-b", str(batch), "-P", port, "-i", str(key),
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", f"work@{host}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+    page.click('#folders-body tr[data-name="inbox"] >> text=Browse')
+    assert _files(page) == {"hello.txt": "file"}
+    _open_data(page, live_server_url)
+    panel = page.locator(f'#sftp-list .sftp-session[data-id="{session_id}"]')
+    panel.locator('[data-action="terminate"]').click()
+    page.wait_for_selector(
+        f'#sftp-list .sftp-session[data-id="{session_id}"][data-status="TERMINATED"]',
+        timeout=60_000,
+    )
+    shot(page, "sftp-session-ended")
+    assert page.js_errors == []

@@ -22,6 +22,14 @@ IMAGE_INFO = {
         "service_ports": [images.JUPYTER_APP],
         "min_slots": {"cpu": "0.25", "mem": str(64 * 2**20)},
     },
+    images.SKLEARN_SERVE_IMAGE: {
+        "display_name": "Iris classifier (scikit-learn + FastAPI, Debian bookworm)",
+        "description": (
+            "A model server for inference endpoints: POST /predict, GET /health on port "
+            f"{images.SKLEARN_SERVE_PORT}. Start command: {images.SKLEARN_SERVE_COMMAND}"
+        ),
+        "min_slots": {"cpu": "0.25", "mem": str(256 * 2**20)},
+    },
 }
 
 
@@ -31,7 +39,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--force", action="store_true", help="rebuild even when cached")
         parser.add_argument(
-            "--only", choices=["minimal", "python"], help="build just one of the images"
+            "--only",
+            choices=["minimal", "python", "sklearn-serve"],
+            help="build just one of the images",
         )
         parser.add_argument(
             "--quiet-if-cached", action="store_true", help="print nothing when nothing was built"
@@ -50,8 +60,12 @@ class Command(BaseCommand):
             if not options["quiet_if_cached"]:
                 self.stdout.write(message)
 
-        builders = {"minimal": images.build_minimal, "python": images.build_python}
-        wanted = [options["only"]] if options["only"] else ["minimal", "python"]
+        builders = {
+            "minimal": images.build_minimal,
+            "python": images.build_python,
+            "sklearn-serve": images.build_sklearn_serve,
+        }
+        wanted = [options["only"]] if options["only"] else list(builders)
         built = []
         try:
             for name in wanted:

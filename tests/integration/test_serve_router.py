@@ -116,13 +116,14 @@ def replicas():
 
 
 @pytest.fixture
-def serving(monkeypatch, settings) -> ServingDouble:
+def serving(monkeypatch, settings):
     """serving_app's side of the contract as plain data; tunnels go straight to loopback."""
     double = ServingDouble()
     double.install(monkeypatch)
     monkeypatch.setattr(tunnels, "open_tunnel", loopback_tunnel)
     settings.BAI_SERVE_COLD_START_TIMEOUT = 5.0
-    return double
+    yield double
+    tunnels.pool._idle.clear()  # loopback tunnels of this test's loop, gone with it
 
 
 def closed_port() -> int:

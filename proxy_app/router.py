@@ -20,7 +20,7 @@ and connection pool as the apps (``forward.exchange``):
 - **Streaming**: responses go on a chunk at a time as the replica sends them (server-sent
   events pass unbuffered).
 - **Metrics**: in-flight counts and each request's latency and outcome per route
-  (``serving_app.metrics``), written off the request's path.
+  (``serving_app.metrics.Recorder``: counted in memory, written to Redis twice a second).
 
 What the router knows of endpoints comes from three calls into ``serving_app`` (``_router_view``,
 ``_token_ok``, ``_wake`` below): the view is kept ``VIEW_TTL`` seconds per process and fetched
@@ -55,7 +55,6 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 RETRY_STATUSES = frozenset({502, 503})
 WAKING = frozenset({"SCALED_TO_ZERO", "PROVISIONING"})
 MAX_CACHED = 10_000  # entries of each per-process cache before it is emptied
-MAX_PENDING_METRICS = 10_000  # metric writes in flight before new ones are dropped
 
 
 # --------------------------------------------------------------------------- serving_app
@@ -220,37 +219,19 @@ class _Balancer:
 balancers: dict[str, _Balancer] = {}
 
 
-# --------------------------------------------------------------------------- metrics, off-path
+# --------------------------------------------------------------------------- metrics, batched
 
-_pending: set[asyncio.Task[None]] = set()
-
-
-def _in_background(coro: Any) -> None:
-    if len(_pending) >= MAX_PENDING_METRICS:
-        coro.close()  # Redis is slow or gone: drop metrics rather than memory
-        return
-    task = asyncio.ensure_future(coro)
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+_recorder: Any = None
 
 
-async def _started(endpoint_id: str, route_id: Any) -> None:
-    from serving_app import metrics
+def _metrics() -> Any:
+    """This process's batched metrics writer (flushed to Redis twice a second)."""
+    global _recorder
+    if _recorder is None:
+        from serving_app.metrics import Recorder
 
-    try:
-        await metrics.ainflight(endpoint_id, route_id, +1)
-    except Exception as exc:  # noqa: BLE001 - metrics never fail a request
-        logger.warning("serve metrics: %s", exc)
-
-
-async def _ended(endpoint_id: str, route_id: Any, seconds: float, ok: bool) -> None:
-    from serving_app import metrics
-
-    try:
-        await metrics.ainflight(endpoint_id, route_id, -1)
-        await metrics.arecord(endpoint_id, route_id, seconds, ok)
-    except Exception as exc:  # noqa: BLE001
-        logger.warning("serve metrics: %s", exc)
+        _recorder = Recorder()
+    return _recorder
 
 
 # --------------------------------------------------------------------------- one request
@@ -297,7 +278,7 @@ async def _attempt(
             await send(event)
 
     state.outstanding += 1
-    _in_background(_started(endpoint_id, route.route_id))
+    _metrics().started(endpoint_id, route.route_id)
     t0 = time.perf_counter()
     ok = False
     try:
@@ -315,7 +296,7 @@ async def _attempt(
         ok = sent["status"] < 500
     finally:
         state.outstanding -= 1
-        _in_background(_ended(endpoint_id, route.route_id, time.perf_counter() - t0, ok))
+        _metrics().ended(endpoint_id, route.route_id, time.perf_counter() - t0, ok)
 
 
 def _why_none(view: Any) -> str:

@@ -1,7 +1,8 @@
 """Request metrics of inference endpoints, per route, in Redis (``settings.REDIS_URL``).
 
 The router writes them (``arecord``, ``ainflight``; ``record`` and ``inflight`` are the same for
-synchronous callers); the reconciler, the API and the charts read them (``snapshot``, ``series``).
+synchronous callers; ``Recorder`` batches the same writes for the router's hot path); the
+reconciler, the API and the charts read them (``snapshot``, ``series``).
 
 Layout, all under ``bai:serve:`` and bounded whatever the traffic:
 
@@ -165,6 +166,76 @@ async def ainflight(endpoint_id: str, route_id: Any, delta: int) -> None:
     pipe = _aredis().pipeline(transaction=False)
     _inflight_commands(pipe, str(endpoint_id), route_id, delta)
     await pipe.execute()
+
+
+class Recorder:
+    """The router's batched writer: counts in memory, one Redis pipeline every ``FLUSH_S``.
+
+    ``arecord`` and ``ainflight`` cost a round trip (and ~0.25 ms of CPU) each; a router calling
+    them per request spends more on its metrics than on the request. This keeps the same layout:
+    each flush adds the seconds' counts (HINCRBY) and sets this process's in-flight fields to
+    their current values (HSET; absolute, so nothing drifts), and refreshes the process's
+    liveness, so that long streams keep counting. Made and flushed on one event loop.
+    """
+
+    FLUSH_S = 0.5
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, int], dict[str, int]] = {}  # (endpoint, second) -> fields
+        self._inflight: dict[str, dict[str, int]] = {}  # endpoint -> route -> outstanding
+        self._task: asyncio.Task[None] | None = None
+
+    def started(self, endpoint_id: str, route_id: Any) -> None:
+        routes = self._inflight.setdefault(str(endpoint_id), {})
+        routes[str(route_id)] = routes.get(str(route_id), 0) + 1
+        self._ensure_flushing()
+
+    def ended(self, endpoint_id: str, route_id: Any, latency_s: float, ok: bool) -> None:
+        endpoint_id, route = str(endpoint_id), str(route_id)
+        routes = self._inflight.setdefault(endpoint_id, {})
+        routes[route] = max(routes.get(route, 0) - 1, 0)
+        fields = self._counts.setdefault((endpoint_id, int(time.time())), {})
+        names = [f"{route}:n", f"{route}:{_bucket(latency_s)}"] + ([] if ok else [f"{route}:e"])
+        for name in names:
+            fields[name] = fields.get(name, 0) + 1
+        self._ensure_flushing()
+
+    def _ensure_flushing(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._flush_forever())
+
+    async def _flush_forever(self) -> None:
+        while self._counts or self._inflight:
+            await asyncio.sleep(self.FLUSH_S)
+            try:
+                await self.flush()
+            except Exception as exc:  # noqa: BLE001 - metrics never stop the router
+                logger.warning("serve metrics not written: %s", exc)
+
+    async def flush(self) -> None:
+        counts, self._counts = self._counts, {}
+        inflight = self._inflight
+        # Routes with nothing in flight are written once more as 0, then forgotten.
+        self._inflight = {
+            e: {r: n for r, n in routes.items() if n} for e, routes in inflight.items()
+        }
+        self._inflight = {e: routes for e, routes in self._inflight.items() if routes}
+        if not counts and not inflight:
+            return
+        proc = _process_id()
+        pipe = _aredis().pipeline(transaction=False)
+        for (endpoint_id, second), fields in counts.items():
+            key = _second_key(endpoint_id, second)
+            for name, value in fields.items():
+                pipe.hincrby(key, name, value)
+            pipe.expireat(key, second + KEEP_S)
+        for endpoint_id, routes in inflight.items():
+            key = _inflight_key(endpoint_id)
+            pipe.hset(key, mapping={f"{route}|{proc}": n for route, n in routes.items()})
+            pipe.expire(key, KEEP_S)
+        pipe.set(_proc_key(proc), 1, ex=PROC_TTL_S)
+        await pipe.execute()
 
 
 # --------------------------------------------------------------------------- reads

@@ -111,6 +111,7 @@ class ServingDouble:
         router.views.clear()
         router.balancers.clear()
         router._tokens.clear()
+        monkeypatch.setattr(router, "_recorder", None)
 
     # The subprocess form.
     def save(self, path: Path) -> None:

@@ -184,9 +184,8 @@ async def call(
 
 
 async def settled() -> None:
-    """The router's metric writes are done."""
-    while router._pending:
-        await asyncio.gather(*list(router._pending), return_exceptions=True)
+    """The router's metrics are in Redis."""
+    await router._metrics().flush()
 
 
 # --------------------------------------------------------------------------- tests
@@ -428,6 +427,17 @@ async def test_requests_are_recorded_per_route_in_the_metrics(serving, replicas)
     assert snap["routes"][1]["errors"] == 0 and snap["routes"][2]["errors"] == 3
     assert snap["routes"][1]["p50_ms"] is not None
     assert snap["inflight"] == 0
+
+    held = asyncio.create_task(call("GET", "/serve/measured/hold"))
+    while not a.hits["GET"]:
+        await asyncio.sleep(0.01)
+    await settled()
+    snap = await asyncio.to_thread(metrics.snapshot, view.endpoint_id)
+    assert snap["inflight"] == 1 and snap["routes"][1]["inflight"] == 1
+    a.release.set()
+    await held
+    await settled()
+    assert (await asyncio.to_thread(metrics.snapshot, view.endpoint_id))["inflight"] == 0
 
 
 async def test_the_apps_own_hosts_are_not_the_router(serving, replicas) -> None:

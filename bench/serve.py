@@ -44,7 +44,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
 import h11  # noqa: E402
 import streams  # noqa: E402
-from streams import Stack, free_port, launch, pct  # noqa: E402
+from streams import Stack, launch, pct  # noqa: E402
 
 BODY = json.dumps({"instances": [[5.1, 3.5, 1.4, 0.2]]}).encode()
 TOKEN = "bench-endpoint-token"  # noqa: S105  (the double's token; a real one after the merge)
@@ -207,12 +207,7 @@ def main() -> None:
 
     from sessions_app import kernel_images
 
-    apps_port = free_port()
-    os.environ.update(
-        BAI_APPS_PORT=str(apps_port),
-        BAI_APPS_ORIGIN=f"http://apps.localhost:{apps_port}",
-        BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{apps_port}",
-    )
+    apps_port = streams.apps_environment()
     ids = streams.setup_database()
     from sessions_app.models import Image
 

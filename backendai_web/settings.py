@@ -321,6 +321,11 @@ CONTENT_SECURITY_POLICY["DIRECTIVES"]["connect-src"] = [SELF, BAI_APPS_ORIGIN]
 BAI_APPS_TUNNEL_URL = env_str("BAI_APPS_TUNNEL_URL", f"ws://127.0.0.1:{BAI_APPS_PORT}")
 BAI_APP_LINK_TTL = env_int("BAI_APP_LINK_TTL", 60, minimum=5)
 BAI_APP_COOKIE_TTL = env_int("BAI_APP_COOKIE_TTL", 12 * 3600, minimum=60)
+# The inference router (/serve/<endpoint>/ on the apps origin): how long a request to an
+# endpoint scaled to zero is held while its first replica starts.
+BAI_SERVE_COLD_START_TIMEOUT = env_float(
+    "BAI_SERVE_COLD_START_TIMEOUT", 30.0, minimum=0.0, maximum=600.0
+)
 BAI_PASS_QUEUED_TTL = env_int("BAI_PASS_QUEUED_TTL", 3, minimum=1)
 # Code execution (sessions_app.execution): seconds an agent gathers a run's output
 # before it answers (a request waits for its answer that long plus 10 s), the

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
 import streams  # noqa: E402
-from streams import Stack, api, free_port, launch, pct  # noqa: E402
+from streams import Stack, api, launch, pct  # noqa: E402
 
 SERVER = """exec python3 -c '
 import functools, http.server
@@ -233,12 +233,7 @@ def main() -> None:
     parser.add_argument("--jupyter-runs", type=int, default=3)
     args = parser.parse_args()
 
-    apps_port = free_port()
-    os.environ.update(
-        BAI_APPS_PORT=str(apps_port),
-        BAI_APPS_ORIGIN=f"http://apps.localhost:{apps_port}",
-        BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{apps_port}",
-    )
+    apps_port = streams.apps_environment()
     ids = streams.setup_database()
     _jupyter_ready_user()
     stack = Stack(ids["agent_token"])

@@ -71,6 +71,18 @@ def free_port() -> int:
 # --- set-up -------------------------------------------------------------------
 
 
+def apps_environment() -> int:
+    """A port for the apps proxy, and the environment (inherited by the stack's processes)
+    that names it as the apps origin and the agents' tunnel address."""
+    apps_port = free_port()
+    os.environ.update(
+        BAI_APPS_PORT=str(apps_port),
+        BAI_APPS_ORIGIN=f"http://apps.localhost:{apps_port}",
+        BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{apps_port}",
+    )
+    return apps_port
+
+
 def setup_database() -> dict:
     import django
 

@@ -10,6 +10,8 @@ so an app's pages never share cookies or storage with the manager or with anothe
 - ``/_bai/tcp/<session id>/<app>`` (websocket, ``Authorization: Token``): a TCP
   connection of the ``bai app`` client, byte for byte.
 - ``/tunnel/<id>/`` (websocket): an agent dialling back for one proxied connection.
+- ``/serve/<endpoint>/<path>`` on the bare apps host (no app named in it): the inference
+  router (``router.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from . import access, forward, tunnels
+from . import access, forward, router, tunnels
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await tunnels.serve_agent_end(scope, receive, send)
     elif kind == "websocket" and path.startswith("/_bai/tcp/"):
         await _tcp(scope, receive, send)
+    elif path.startswith(router.PREFIX) and access.parse_host(_header(scope, b"host")) is None:
+        await router.serve(scope, receive, send)
     else:
         await _app(scope, receive, send)
 
@@ -173,25 +177,7 @@ async def _websocket(scope: dict[str, Any], receive: Any, send: Any, target: Any
 
 
 async def _http(scope: dict[str, Any], receive: Any, send: Any, target: Any) -> None:
-    """A request over a kept tunnel when one is idle, else a new one; kept again after."""
-    key = tunnels.pool.key(target)
-    first = await receive()
-    tunnel = tunnels.pool.take(key) or await tunnels.open_tunnel(target)
-    reusable = False
-    try:
-        try:
-            reusable = await forward.forward_http(scope, receive, send, tunnel, target, first)
-        except forward.StaleTunnel:
-            if first.get("more_body"):  # the body is gone with it: it cannot go again
-                raise
-            await tunnel.close()
-            tunnel = await tunnels.open_tunnel(target)
-            reusable = await forward.forward_http(scope, receive, send, tunnel, target, first)
-    finally:
-        if reusable:
-            await tunnels.pool.give(key, tunnel)
-        else:
-            await tunnel.close()
+    await forward.exchange(scope, receive, send, target, await receive())
 
 
 async def _trade_link(scope: dict[str, Any], send: Any, session_id: str, app: str) -> None:

@@ -14,6 +14,7 @@ from websockets.frames import Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
+from . import tunnels
 from .access import COOKIE, Target
 from .tunnels import Tunnel
 
@@ -111,6 +112,32 @@ async def forward_http(
     await tunnel.write(conn.send(h11.EndOfMessage()))
     await _relay_response(conn, send, tunnel)
     return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not conn.trailing_data[0]
+
+
+async def exchange(
+    scope: dict[str, Any], receive: Any, send: Any, target: Target, first: dict[str, Any]
+) -> None:
+    """A request over a kept tunnel when one is idle, else a new one; kept again after.
+
+    ``first`` is the request's first body event. A kept tunnel that turns out closed is
+    replaced once, when the request can go again (its whole body was in ``first``)."""
+    key = tunnels.pool.key(target)
+    tunnel = tunnels.pool.take(key) or await tunnels.open_tunnel(target)
+    reusable = False
+    try:
+        try:
+            reusable = await forward_http(scope, receive, send, tunnel, target, first)
+        except StaleTunnel:
+            if first.get("more_body"):  # the body is gone with it: it cannot go again
+                raise
+            await tunnel.close()
+            tunnel = await tunnels.open_tunnel(target)
+            reusable = await forward_http(scope, receive, send, tunnel, target, first)
+    finally:
+        if reusable:
+            await tunnels.pool.give(key, tunnel)
+        else:
+            await tunnel.close()
 
 
 async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> None:

@@ -1,6 +1,6 @@
 """Build the project's own kernel images locally (no registry is reachable).
 
-Three images:
+Four images:
 
 * ``bai-kernel/minimal:1`` -- Debian's static busybox plus applet symlinks, a ``work`` user
   (uid/gid 1000) and nothing else. Built in memory with :mod:`tarfile` in ~0.1 s.
@@ -9,6 +9,10 @@ Three images:
   outside the repository keyed on a hash of its recipe, so later builds only ``docker import`` it.
 * ``bai-kernel/sftp:1`` -- the same kind of root with python3 and python3-asyncssh only, for
   the SFTP system sessions (the agent writes its server into the kernel's home). Cached alike.
+* ``bai-kernel/sklearn-serve:1`` -- the same kind of root with Debian's scikit-learn, FastAPI and
+  uvicorn, an iris classifier trained when the image is built (from the iris data scikit-learn
+  ships) and its model server in ``/opt/model`` (``image_files/sklearn_serve/``). Start it with
+  ``SKLEARN_SERVE_COMMAND``; nothing is downloaded at run time. Cached alike.
 
 Both images carry the label ``ai.backend.recipe=<hash>``; an image already in the engine with the
 same label is left alone. Root tarballs never carry xattrs (file capabilities break binaries such
@@ -25,6 +29,7 @@ Public API::
     build_minimal(progress, cache_dir=None, force=False, client=None) -> BuiltImage
     build_python(progress, cache_dir=None, force=False, client=None) -> BuiltImage
     build_sftp(progress, cache_dir=None, force=False, client=None) -> BuiltImage
+    build_sklearn_serve(progress, cache_dir=None, force=False, client=None) -> BuiltImage
     MINIMAL_IMAGE, PYTHON_IMAGE, RECIPE_LABEL, SSH_LABEL, ImageBuildError, BuiltImage
 """
 
@@ -52,6 +57,7 @@ from typing import Any
 MINIMAL_IMAGE = "bai-kernel/minimal:1"
 PYTHON_IMAGE = "bai-kernel/python:2"
 SFTP_IMAGE = "bai-kernel/sftp:1"
+SKLEARN_SERVE_IMAGE = "bai-kernel/sklearn-serve:1"
 
 RECIPE_LABEL = "ai.backend.recipe"
 SSH_LABEL = "ai.backend.supports-ssh"  # "true" when the image carries /usr/sbin/sshd
@@ -78,6 +84,23 @@ PYTHON_PACKAGES = (
 # SSH/SFTP/SCP server library. The server itself is the agent's (agent/sftp_server.py), written
 # into the kernel's home at start, so it always matches the agent that runs it.
 SFTP_PACKAGES = ("python3", "python3-asyncssh")
+# The model image: Debian's scikit-learn (with its bundled iris data), FastAPI and uvicorn.
+SKLEARN_SERVE_PACKAGES = ("python3", "python3-sklearn", "python3-fastapi", "uvicorn")
+SKLEARN_SERVE_FILES = Path(__file__).with_name("image_files") / "sklearn_serve"
+SKLEARN_SERVE_DIR = "/opt/model"
+SKLEARN_SERVE_PORT = 8000
+SKLEARN_SERVE_COMMAND = (
+    f"uvicorn --app-dir {SKLEARN_SERVE_DIR} serve:app --host 0.0.0.0 --port {SKLEARN_SERVE_PORT}"
+)
+# Runs in the chroot after the packages are in: train the model, compile the server (the kernel's
+# root is read-only, so Python could not write its bytecode cache at run time).
+_SKLEARN_SERVE_SCRIPT = f"""\
+set -eu
+cd {SKLEARN_SERVE_DIR}
+python3 train.py {SKLEARN_SERVE_DIR}/iris.joblib
+python3 -m compileall -q {SKLEARN_SERVE_DIR}
+python3 -c 'import sys; sys.path.insert(0, "{SKLEARN_SERVE_DIR}"); import serve'
+"""
 
 # The Python image's intrinsic app. The agent runs the start command on demand (the
 # first time the app is opened), as the kernel user in the home, with the address
@@ -465,21 +488,57 @@ def _dpkg_arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
-def python_recipe(packages: tuple[str, ...] = PYTHON_PACKAGES) -> dict[str, Any]:
-    """The recipe of a debootstrap root with ``packages`` (the python image's by default)."""
-    return {
+@dataclass(frozen=True)
+class DebianRoot:
+    """What goes into a debootstrap root: packages, then files copied in, then a script run.
+
+    ``files`` maps a directory in the image to a directory of this repository whose files are
+    copied there (root-owned, world-readable); ``post_script`` runs in the chroot after them.
+    """
+
+    name: str  # the cache tarball's prefix and the progress lines' prefix
+    packages: tuple[str, ...]
+    files: tuple[tuple[str, Path], ...] = ()
+    post_script: str = ""
+
+    def file_digests(self) -> dict[str, str]:
+        out = {}
+        for target, source in self.files:
+            for path in sorted(p for p in source.iterdir() if p.is_file()):
+                out[f"{target}/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return out
+
+
+PYTHON_ROOT = DebianRoot("python", PYTHON_PACKAGES)
+SFTP_ROOT = DebianRoot("sftp", SFTP_PACKAGES)
+SKLEARN_SERVE_ROOT = DebianRoot(
+    "sklearn-serve",
+    SKLEARN_SERVE_PACKAGES,
+    files=((SKLEARN_SERVE_DIR, SKLEARN_SERVE_FILES),),
+    post_script=_SKLEARN_SERVE_SCRIPT,
+)
+
+
+def python_recipe(root: DebianRoot = PYTHON_ROOT) -> dict[str, Any]:
+    recipe: dict[str, Any] = {
         "version": RECIPE_VERSION,
         "suite": PYTHON_SUITE,
         "variant": "minbase",
         "arch": _dpkg_arch(),
-        "packages": list(packages),
+        "packages": list(root.packages),
         "user": [KERNEL_USER, KERNEL_UID, KERNEL_GID, KERNEL_HOME],
         "script": _PYTHON_SETUP_SCRIPT,
     }
+    # Only when present, so that the python image's recipe (and its cached tarball) stays as it was.
+    if root.files:
+        recipe["files"] = root.file_digests()
+    if root.post_script:
+        recipe["post_script"] = root.post_script
+    return recipe
 
 
-def python_recipe_hash(packages: tuple[str, ...] = PYTHON_PACKAGES) -> str:
-    blob = json.dumps(python_recipe(packages), sort_keys=True).encode()
+def python_recipe_hash(root: DebianRoot = PYTHON_ROOT) -> str:
+    blob = json.dumps(python_recipe(root), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -518,37 +577,56 @@ def _check_python_build_tools(tarball: Path) -> None:
         )
 
 
-def _debootstrap(progress: Progress, root: Path, mirror: str) -> None:
+def _debootstrap(progress: Progress, root: Path, mirror: str, name: str = "python") -> None:
     t0 = time.monotonic()
     progress(
-        f"python: debootstrap {PYTHON_SUITE} from {mirror} (this takes ~40 s the first time)\N{HORIZONTAL ELLIPSIS}"
+        f"{name}: debootstrap {PYTHON_SUITE} from {mirror} (this takes ~40 s the first time)\N{HORIZONTAL ELLIPSIS}"
     )
     command = ["debootstrap", "--variant=minbase", f"--arch={_dpkg_arch()}", PYTHON_SUITE]
-    _run("python: debootstrap", [*command, str(root), mirror])
-    progress(f"python: debootstrap done in {time.monotonic() - t0:.0f} s")
+    _run(f"{name}: debootstrap", [*command, str(root), mirror])
+    progress(f"{name}: debootstrap done in {time.monotonic() - t0:.0f} s")
 
 
 def _install_python_packages(
-    progress: Progress, root: Path, packages: tuple[str, ...] = PYTHON_PACKAGES
+    progress: Progress, root: Path, spec: DebianRoot = PYTHON_ROOT
 ) -> None:
-    """The packages and the kernel user, in the chroot; nothing is started (policy-rc.d)."""
+    """The packages and the kernel user, in the chroot; nothing is started (policy-rc.d).
+
+    Then ``spec``'s files are copied in and its post script runs in the chroot.
+    """
     t0 = time.monotonic()
-    progress(f"python: installing {' '.join(packages)} in the chroot\N{HORIZONTAL ELLIPSIS}")
+    progress(
+        f"{spec.name}: installing {' '.join(spec.packages)} in the chroot\N{HORIZONTAL ELLIPSIS}"
+    )
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
     with contextlib.suppress(OSError):
         shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")
     script = _PYTHON_SETUP_SCRIPT.format(
-        packages=" ".join(packages),
+        packages=" ".join(spec.packages),
         uid=KERNEL_UID,
         gid=KERNEL_GID,
         user=KERNEL_USER,
         home=KERNEL_HOME,
     )
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
-    _run("python: chroot setup", ["chroot", str(root), "/bin/sh", "-c", script], env=env)
-    progress(f"python: packages installed in {time.monotonic() - t0:.0f} s")
+    _run(f"{spec.name}: chroot setup", ["chroot", str(root), "/bin/sh", "-c", script], env=env)
+    progress(f"{spec.name}: packages installed in {time.monotonic() - t0:.0f} s")
+    for target, source in spec.files:
+        dest = root / target.lstrip("/")
+        dest.mkdir(parents=True, exist_ok=True)
+        dest.chmod(0o755)
+        for path in sorted(p for p in source.iterdir() if p.is_file()):
+            shutil.copyfile(path, dest / path.name)
+            (dest / path.name).chmod(0o644)
+    if spec.post_script:
+        t0 = time.monotonic()
+        cmd = ["chroot", str(root), "/bin/sh", "-c", spec.post_script]
+        out = _run(f"{spec.name}: post-install script", cmd, env=env).stdout
+        progress(
+            f"{spec.name}: {_tail(out, 3) or 'post-install script done'} ({time.monotonic() - t0:.0f} s)"
+        )
 
 
 def _tar_root(root: Path, tmp_tar: Path) -> None:
@@ -564,7 +642,7 @@ def _tar_root(root: Path, tmp_tar: Path) -> None:
 
 
 def _build_python_tarball(
-    progress: Progress, tarball: Path, recipe: str, packages: tuple[str, ...] = PYTHON_PACKAGES
+    progress: Progress, tarball: Path, recipe: str, spec: DebianRoot = PYTHON_ROOT
 ) -> None:
     """debootstrap + chroot setup + tar, written atomically to ``tarball``."""
     _check_python_build_tools(tarball)
@@ -579,15 +657,15 @@ def _build_python_tarball(
     root = workdir / "root"
     tmp_tar = cache / f".{tarball.name}.{os.getpid()}.tmp"
     try:
-        _debootstrap(progress, root, mirror)
-        _install_python_packages(progress, root, packages)
+        _debootstrap(progress, root, mirror, spec.name)
+        _install_python_packages(progress, root, spec)
         t0 = time.monotonic()
         _tar_root(root, tmp_tar)
         os.replace(tmp_tar, tarball)
-        meta = dict(python_recipe(packages), mirror=mirror, built_at=time.time())
+        meta = dict(python_recipe(spec), mirror=mirror, built_at=time.time())
         tarball.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
         progress(
-            f"python: root tarball {_mb(tarball.stat().st_size)} cached at {tarball} ({time.monotonic() - t0:.0f} s)"
+            f"{spec.name}: root tarball {_mb(tarball.stat().st_size)} cached at {tarball} ({time.monotonic() - t0:.0f} s)"
         )
     finally:
         with contextlib.suppress(OSError):
@@ -595,11 +673,9 @@ def _build_python_tarball(
         _remove_tree(workdir)
 
 
-def python_tarball_path(
-    cache_dir: Path | None = None, packages: tuple[str, ...] = PYTHON_PACKAGES, name: str = "python"
-) -> Path:
+def python_tarball_path(cache_dir: Path | None = None, spec: DebianRoot = PYTHON_ROOT) -> Path:
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return cache / f"{name}-{PYTHON_SUITE}-{python_recipe_hash(packages)}.tar"
+    return cache / f"{spec.name}-{PYTHON_SUITE}-{python_recipe_hash(spec)}.tar"
 
 
 def build_python(
@@ -613,7 +689,7 @@ def build_python(
     ``force`` rebuilds the root filesystem from scratch and replaces the cached tarball.
     """
     return _build_debian_image(
-        progress, cache_dir, force, client, reference=PYTHON_IMAGE, packages=PYTHON_PACKAGES
+        progress, cache_dir, force, client, reference=PYTHON_IMAGE, spec=PYTHON_ROOT
     )
 
 
@@ -625,13 +701,24 @@ def build_sftp(
 ) -> BuiltImage:
     """Build ``bai-kernel/sftp:1`` (python3 + python3-asyncssh), cached like the python image."""
     return _build_debian_image(
+        progress, cache_dir, force, client, reference=SFTP_IMAGE, spec=SFTP_ROOT, supports_ssh=False
+    )
+
+
+def build_sklearn_serve(
+    progress: Progress = lambda _msg: None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    client: Any = None,
+) -> BuiltImage:
+    """Build ``bai-kernel/sklearn-serve:1`` (the iris model server), cached like the python image."""
+    return _build_debian_image(
         progress,
         cache_dir,
         force,
         client,
-        reference=SFTP_IMAGE,
-        packages=SFTP_PACKAGES,
-        name="sftp",
+        reference=SKLEARN_SERVE_IMAGE,
+        spec=SKLEARN_SERVE_ROOT,
         supports_ssh=False,
     )
 
@@ -643,18 +730,17 @@ def _build_debian_image(
     client: Any,
     *,
     reference: str,
-    packages: tuple[str, ...],
-    name: str = "python",
+    spec: DebianRoot,
     supports_ssh: bool = True,
 ) -> BuiltImage:
     """A debootstrap image: engine hit -> nothing; cache hit -> import; else build the root."""
     started = time.monotonic()
     client = _client(client)
-    rootfs = python_recipe_hash(packages)
+    name, rootfs = spec.name, python_recipe_hash(spec)
     recipe, changes = _image_config(
         rootfs, supports_ssh, "/bin/bash", {"PATH": _PATH, "LANG": "C.UTF-8"}
     )
-    tarball = python_tarball_path(cache_dir, packages, name)
+    tarball = python_tarball_path(cache_dir, spec)
     if not force and _present_with_recipe(client, reference, recipe):
         progress(f"{name}: {reference} already present (recipe {recipe})")
         return _result(client, reference, recipe, started, "engine")
@@ -665,7 +751,7 @@ def _build_debian_image(
             return _result(client, reference, recipe, started, "engine")
         source = "cache"
         if force or not tarball.is_file():
-            _build_python_tarball(progress, tarball, rootfs, packages)
+            _build_python_tarball(progress, tarball, rootfs, spec)
             source = "built"
         else:
             progress(f"{name}: cached at {tarball}, importing")
@@ -688,6 +774,7 @@ def build_all(
         build_minimal(progress, cache_dir, force, client),
         build_python(progress, cache_dir, force, client),
         build_sftp(progress, cache_dir, force, client),
+        build_sklearn_serve(progress, cache_dir, force, client),
     ]
 
 

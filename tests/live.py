@@ -131,8 +131,11 @@ class LiveSystem:
     def apps_origin(self) -> str:
         return f"http://apps.localhost:{self.apps_port}"
 
-    def start_apps(self) -> LiveSystem:
-        """The apps proxy (proxy_app) on its own port, as scripts/run starts it."""
+    def start_apps(self, asgi: str = "proxy_app.asgi:application", **extra_env: str) -> LiveSystem:
+        """The apps proxy (proxy_app) on its own port, as scripts/run starts it.
+
+        ``asgi`` names another application to serve (the router tests' double of serving_app);
+        ``extra_env`` adds to its environment."""
         self.apps_log = open(self.tmp_path / "apps.log", "wb")  # noqa: SIM115
         self.apps = subprocess.Popen(
             [
@@ -143,10 +146,10 @@ class LiveSystem:
                 "127.0.0.1",
                 "-p",
                 str(self.apps_port),
-                "proxy_app.asgi:application",
+                asgi,
             ],
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, **extra_env},
             stdout=self.apps_log,
             stderr=subprocess.STDOUT,
         )

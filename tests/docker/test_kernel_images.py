@@ -305,3 +305,72 @@ def test_ssh_between_two_python_kernels(
     out = res.output.decode(errors="replace")
     assert res.exit_code == 0, out
     assert out.strip() == "sub1 work sub1"
+
+
+# --------------------------------------------------------------------------- the model image
+
+
+@pytest.fixture(scope="module")
+def sklearn_serve(docker_client: Any) -> images.BuiltImage:
+    """The model image, from the engine or the cached root (a cold build takes ~90 s)."""
+    have = _present(docker_client, images.SKLEARN_SERVE_IMAGE) or (
+        images.python_tarball_path(spec=images.SKLEARN_SERVE_ROOT).is_file()
+    )
+    if not have and (shutil.which("debootstrap") is None or os.geteuid() != 0):
+        _unavailable("the model image is not built or cached, and building it needs root")
+    return images.build_sklearn_serve(client=docker_client)
+
+
+def _address(container: Any) -> str:
+    container.reload()
+    return next(n["IPAddress"] for n in container.attrs["NetworkSettings"]["Networks"].values())
+
+
+def _http_json(url: str, body: Any = None) -> tuple[int, Any]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - a test container
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.docker
+def test_the_model_image_serves_iris_predictions_offline_on_a_read_only_root(
+    docker_client: Any, sklearn_serve: images.BuiltImage, scope: dict[str, str]
+) -> None:
+    assert not sklearn_serve.supports_ssh
+    labels = docker_client.images.get(images.SKLEARN_SERVE_IMAGE).labels
+    assert labels[images.RECIPE_LABEL] == sklearn_serve.recipe_hash
+    net = _network(docker_client, scope)  # internal: nothing could be downloaded
+    c = docker_client.containers.run(
+        images.SKLEARN_SERVE_IMAGE,
+        ["sh", "-c", images.SKLEARN_SERVE_COMMAND],
+        read_only=True,
+        tmpfs={"/tmp": "rw,size=16m"},
+        environment={"BACKENDAI_SESSION_ID": "replica-a"},
+        **_kernel_kwargs(net, "main1", scope),
+    )
+    base = f"http://{_address(c)}:{images.SKLEARN_SERVE_PORT}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            status, health = _http_json(f"{base}/health")
+            break
+        except OSError:
+            c.reload()
+            assert c.status == "running", c.logs().decode(errors="replace")
+            assert time.monotonic() < deadline, c.logs().decode(errors="replace")
+            time.sleep(0.2)
+    assert status == 200 and health["status"] == "ok"
+    instances = [[5.1, 3.5, 1.4, 0.2], [5.9, 3.0, 4.2, 1.5], [6.7, 3.0, 5.2, 2.3]]
+    status, answer = _http_json(f"{base}/predict", {"instances": instances})
+    assert status == 200, answer
+    assert answer == {"predictions": ["setosa", "versicolor", "virginica"], "replica": "replica-a"}
+    status, _ = _http_json(f"{base}/predict", {"instances": [[5.1, 3.5]]})
+    assert status == 422

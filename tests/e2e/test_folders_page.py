@@ -185,7 +185,9 @@ def test_a_read_only_share_shows_the_invitee_no_writes_and_revoking_is_explained
     # Revoked: bob's list no longer has it, and his link answers "no such folder".
     page.click('#folders-body tr[data-name="dataset"] [data-action="share"]')
     page.click('#share-list li[data-user="bob"] [data-action="revoke"]')
-    page.wait_for_function("() => document.getElementById('status').textContent.includes('Revoked')")
+    page.wait_for_function(
+        "() => document.getElementById('status').textContent.includes('Revoked')"
+    )
     assert page.locator('#share-list li[data-user="bob"]').count() == 0
     assert "running ones keep their mount" in page.inner_text("#status")
     other.reload()
@@ -263,10 +265,27 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
     batch = tmp_path / "batch"
     batch.write_text(f"put {tmp_path / 'hello.txt'} inbox/hello.txt\n")
     done = subprocess.run(
-        ["sftp", "-b", str(batch), "-P", port, "-i", str(key),
-         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-         "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", f"work@{host}"],
-        capture_output=True, text=True, timeout=60,
+        [
+            "sftp",
+            "-b",
+            str(batch),
+            "-P",
+            port,
+            "-i",
+            str(key),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"work@{host}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
 

@@ -42,9 +42,7 @@ def _block(i: int) -> bytes:
     return hashlib.sha256(str(i).encode()).digest() * (BLOCK // 32)
 
 
-def test_a_big_upload_and_a_slow_download_keep_daphne_memory_flat(
-    live_system, alice, make_token
-):
+def test_a_big_upload_and_a_slow_download_keep_daphne_memory_flat(live_system, alice, make_token):
     folder = services.folder_create(owner=alice, name="big")
     token = make_token(alice)
     headers = {"Authorization": f"Token {token}"}

@@ -27,6 +27,14 @@ IMAGE_INFO = {
         "description": "The SFTP server of the data folders' system sessions (asyncssh).",
         "min_slots": {"cpu": "0.1", "mem": str(64 * 2**20)},
     },
+    images.SKLEARN_SERVE_IMAGE: {
+        "display_name": "Iris classifier (scikit-learn + FastAPI, Debian bookworm)",
+        "description": (
+            "A model server for inference endpoints: POST /predict, GET /health on port "
+            f"{images.SKLEARN_SERVE_PORT}. Start command: {images.SKLEARN_SERVE_COMMAND}"
+        ),
+        "min_slots": {"cpu": "0.25", "mem": str(256 * 2**20)},
+    },
 }
 
 
@@ -36,7 +44,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--force", action="store_true", help="rebuild even when cached")
         parser.add_argument(
-            "--only", choices=["minimal", "python", "sftp"], help="build just one of the images"
+            "--only",
+            choices=["minimal", "python", "sftp", "sklearn-serve"],
+            help="build just one of the images",
         )
         parser.add_argument(
             "--quiet-if-cached", action="store_true", help="print nothing when nothing was built"
@@ -59,6 +69,7 @@ class Command(BaseCommand):
             "minimal": images.build_minimal,
             "python": images.build_python,
             "sftp": images.build_sftp,
+            "sklearn-serve": images.build_sklearn_serve,
         }
         wanted = [options["only"]] if options["only"] else list(builders)
         built = []

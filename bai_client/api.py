@@ -49,7 +49,9 @@ class Client:
         self.token = token
         self.timeout = timeout
 
-    def call(self, method: str, path: str, body: Any = None, **query: str) -> Any:
+    def call(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
+    ) -> Any:
         headers = {"Accept": "application/json"}
         data = None
         if body is not None:
@@ -144,7 +146,7 @@ class Client:
         return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/ws/{path.lstrip('/')}"
 
     def sessions(self, **query: str) -> list[dict[str, Any]]:
-        data = self.call("GET", "sessions/", **query)
+        data = self.call("GET", "sessions/", query=query)
         return data["results"] if isinstance(data, dict) else data
 
     def session_id(self, ref: str) -> str:

@@ -393,7 +393,7 @@ def folders_download(folder: str, path: str, out: str | None) -> None:
     parent, _, name = path.rpartition("/")
     is_file = False
     if path:
-        listing = _api(lambda: client.call("GET", f"folders/{found['id']}/files/", path=parent))
+        listing = _api(lambda: client.call("GET", f"folders/{found['id']}/files/", query={"path": parent}))
         entry = next((e for e in listing["entries"] if e["name"] == name), None)
         if entry is None:
             raise click.ClickException(f"{path}: no such file or directory in {found['name']}")

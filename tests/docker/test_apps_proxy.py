@@ -21,7 +21,6 @@ from tests.docker.test_cluster_system import (  # noqa: F401
     PYTHON_IMAGE,
     _wait_status,
     engine,
-    images,
 )
 from tests.live import free_port, wait_for
 

@@ -30,7 +30,6 @@ from tests.docker.test_cluster_system import (  # noqa: F401
     PYTHON_IMAGE,
     _wait_status,
     engine,
-    images,
 )
 from tests.live import ROOT, free_port, interrupt_after, start_bai, stop_process, wait_for
 

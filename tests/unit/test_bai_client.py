@@ -49,8 +49,8 @@ class FakeManager:
         self.refusal = None
         self.comes_up_as, self.reason = "RUNNING", ""
 
-    def call(self, client, method, path, body=None, **query):
-        self.requests.append((method, path, body, query))
+    def call(self, client, method, path, body=None, query=None):
+        self.requests.append((method, path, body, query or {}))
         if self.refusal is not None:
             raise self.refusal
         if (method, path) == ("GET", "sessions/"):

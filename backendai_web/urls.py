@@ -12,6 +12,7 @@ urlpatterns = [
         name="api-docs",
     ),
     path("api/v1/", include("sessions_app.urls_api")),
+    path("api/v1/", include("serving_app.urls_api")),
     path("", include("sessions_app.urls")),
 ]
 

@@ -10,6 +10,8 @@ so an app's pages never share cookies or storage with the manager or with anothe
 - ``/_bai/tcp/<session id>/<app>`` (websocket, ``Authorization: Token``): a TCP
   connection of the ``bai app`` client, byte for byte.
 - ``/tunnel/<id>/`` (websocket): an agent dialling back for one proxied connection.
+- ``/_bai/probe?t=<token>``: a health check of an inference replica for the serving
+  reconciler (``probe.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from . import access, forward, tunnels
+from . import access, forward, probe, tunnels
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await tunnels.serve_agent_end(scope, receive, send)
     elif kind == "websocket" and path.startswith("/_bai/tcp/"):
         await _tcp(scope, receive, send)
+    elif kind == "http" and path == "/_bai/probe":
+        await probe.serve_probe(scope, receive, send)
     else:
         await _app(scope, receive, send)
 

@@ -278,7 +278,7 @@ def _autoscale(endpoint: Endpoint, now: datetime) -> None:
             endpoint,
             old=endpoint.replicas,
             new=0,
-            why=f"idle for {idle} s (no request), min_replicas is 0: scaled to zero",
+            why=f"idle for {idle} s (no request) and min_replicas is 0",
             data={"metric": "idle_seconds", "value": idle},
         )
         return
@@ -370,7 +370,7 @@ def _apply_scale(
             setattr(endpoint, key, value)
         if rule_id is not None:
             AutoScalingRule.objects.filter(pk=rule_id).update(last_triggered_at=now)
-        message = why if why.startswith(("scaled", "rule")) else f"scaled {old} → {new}: {why}"
+        message = why if f"scaled {old} → {new}" in why else f"scaled {old} → {new}: {why}"
         record(endpoint, EventKind.SCALE, message, **{**data, "from": old, "to": new})
     logger.info("endpoint %s scaled %d → %d: %s", endpoint.pk, old, new, why)
 
@@ -418,15 +418,13 @@ def _remove_replica(endpoint: Endpoint, route: Route, desired: int) -> None:
         message = f"replica {route.pk} removed: more replicas than the {desired} wanted"
         kind = EventKind.SCALE
     record(endpoint, kind, message, route=route.pk)
-    transaction.on_commit(
-        lambda: _end_session(route.session, f"replica of endpoint {endpoint.name} removed")
-    )
+    _end_session(route.session, f"replica of endpoint {endpoint.name} removed")
 
 
 def _converge(endpoint: Endpoint, now: datetime, probe_trouble: str) -> None:
     with transaction.atomic():
         endpoint = (
-            Endpoint.objects.select_for_update(skip_locked=True)
+            Endpoint.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(pk=endpoint.pk)
             .exclude(status=EndpointStatus.DESTROYING)
             .select_related(

@@ -23,6 +23,15 @@ def table(headers: list[str], rows: list[list[Any]]) -> None:
         click.echo("  ".join([*padded, row[-1]]).rstrip())
 
 
+def labelled(fields: list[tuple[str, Any]]) -> None:
+    """``label: value`` lines, aligned; empty values left out; then a blank line."""
+    width = max(len(label) for label, _ in fields)
+    for label, value in fields:
+        if value not in (None, ""):
+            click.echo(f"{label + ':':{width + 1}} {value}")
+    click.echo()
+
+
 def _resources(slots: dict[str, Any]) -> str:
     """``1 cpu, 64 MiB mem``: each amount as people read it (bai_common.units)."""
     shown = []
@@ -77,11 +86,7 @@ def session_details(session: dict[str, Any]) -> None:
         ("started", session["started_at"]),
         ("ended", session["terminated_at"]),
     ]
-    width = max(len(label) for label, _ in fields)
-    for label, value in fields:
-        if value not in (None, ""):
-            click.echo(f"{label + ':':{width + 1}} {value}")
-    click.echo()
+    labelled(fields)
     table(
         ["KERNEL", "ROLE", "STATUS", "AGENT", "EXIT", "REASON"],
         [
@@ -141,11 +146,7 @@ def endpoint_details(endpoint: dict[str, Any], history: list[dict[str, Any]] | N
         ("access", "public" if endpoint["open_to_public"] else "token"),
         ("created", endpoint["created_at"]),
     ]
-    width = max(len(label) for label, _ in fields)
-    for label, value in fields:
-        if value not in (None, ""):
-            click.echo(f"{label + ':':{width + 1}} {value}")
-    click.echo()
+    labelled(fields)
     table(
         ["ROUTE", "SESSION", "STATUS", "RATIO"],
         [[r["id"], r["session_id"], r["status"], r["traffic_ratio"]] for r in endpoint["routes"]],

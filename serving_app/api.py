@@ -329,13 +329,13 @@ class EndpointMetricsApi(APIView):
         responses=inline_serializer(
             "EndpointMetrics",
             {
-                "snapshot": serializers.JSONField(
+                "snapshot": serializers.DictField(
                     allow_null=True,
                     help_text='The last 30 s: {"rps", "p95_ms", "inflight", "routes": {...}}; '
                     "null when no metrics are kept.",
                 ),
                 "series": serializers.ListField(
-                    child=serializers.JSONField(), help_text='[{"t", "rps", "p95_ms"}], 5 min.'
+                    child=serializers.DictField(), help_text='[{"t", "rps", "p95_ms"}], 5 min.'
                 ),
             },
         )

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "channels",
     "sessions_app",
     "scheduler_app",
+    "serving_app",
 ]
 
 MIDDLEWARE = [
@@ -218,7 +219,29 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-all-groups": {"task": "scheduler_app.tasks.schedule_all", "schedule": 5.0},
     "sweep-lost-agents": {"task": "scheduler_app.tasks.sweep_lost_agents", "schedule": 5.0},
     "sweep-timeouts": {"task": "scheduler_app.tasks.sweep_timeouts", "schedule": 10.0},
+    "reconcile-endpoints": {
+        "task": "serving_app.tasks.reconcile_endpoints",
+        "schedule": float(env_int("BAI_SERVE_RECONCILE_INTERVAL", 3, minimum=1)),
+    },
 }
+
+# --- inference endpoints (serving_app) ---------------------------------------
+# A replica whose session fails to start is retried this many times in a row,
+# then the endpoint is DEGRADED with the reason.
+BAI_SERVE_MAX_START_RETRIES = env_int("BAI_SERVE_MAX_START_RETRIES", 3, minimum=0)
+# Health checks failed in a row before a route is UNHEALTHY (and, after as many
+# more, replaced).
+BAI_SERVE_UNHEALTHY_AFTER = env_int("BAI_SERVE_UNHEALTHY_AFTER", 2, minimum=1)
+# Seconds one health check may take (through the apps proxy's tunnel).
+BAI_SERVE_HEALTH_TIMEOUT = env_int("BAI_SERVE_HEALTH_TIMEOUT", 2, minimum=1)
+# An endpoint with min_replicas 0 and no request for this long scales to zero.
+BAI_SERVE_IDLE_TIMEOUT = env_int("BAI_SERVE_IDLE_TIMEOUT", 300, minimum=1)
+# A replica whose session runs but has not passed a health check this long after
+# it started has failed to start.
+BAI_SERVE_START_TIMEOUT = env_int("BAI_SERVE_START_TIMEOUT", 180, minimum=1)
+# Where the reconciler reaches the apps proxy for health checks (default: the
+# http form of BAI_APPS_TUNNEL_URL).
+BAI_SERVE_PROBE_URL = env_str("BAI_SERVE_PROBE_URL", "")
 
 # --- login, tokens, content security policy --------------------------------
 # Failed logins per user name and client address before that pair is refused

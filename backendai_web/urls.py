@@ -13,6 +13,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("sessions_app.urls_api")),
     path("serving/", include("serving_app.pages")),
+    path("api/v1/", include("serving_app.urls_api")),
     path("", include("sessions_app.urls")),
 ]
 

@@ -1,5 +1,6 @@
 """The ``bai`` command: ``login``, ``sessions list|show|create|terminate``,
 ``logs``, ``exec``, ``run``, ``app``, ``folders list|create|upload|download``.
+``logs``, ``exec``, ``run``, ``app``, ``serve create|list|show|scale|delete``.
 
 Sessions are named by id or by name. Errors are the manager's words, exit
 status 1; usage errors exit 2. ``exec`` and ``run`` exit with the run's status.
@@ -18,7 +19,14 @@ import click
 
 from . import config, output
 from .api import ApiError, Client
-from .launch import failure, launch_options, launch_spec, wait_until_running, with_options
+from .launch import (
+    KEY_VALUE,
+    failure,
+    launch_options,
+    launch_spec,
+    wait_until_running,
+    with_options,
+)
 from .streams import STREAM_FAILURES, Outcome, execute, read_log, stream_error
 
 INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
@@ -309,6 +317,7 @@ def app(session: str, app: str, bind: str) -> None:
 
 
 # --- folders -------------------------------------------------------------------------------
+# --- data folders ---------------------------------------------------------------------------
 
 
 @main.group(invoke_without_command=True)
@@ -393,7 +402,9 @@ def folders_download(folder: str, path: str, out: str | None) -> None:
     parent, _, name = path.rpartition("/")
     is_file = False
     if path:
-        listing = _api(lambda: client.call("GET", f"folders/{found['id']}/files/", query={"path": parent}))
+        listing = _api(
+            lambda: client.call("GET", f"folders/{found['id']}/files/", query={"path": parent})
+        )
         entry = next((e for e in listing["entries"] if e["name"] == name), None)
         if entry is None:
             raise click.ClickException(f"{path}: no such file or directory in {found['name']}")
@@ -407,3 +418,108 @@ def folders_download(folder: str, path: str, out: str | None) -> None:
             lambda: client.download(f"folders/{found['id']}/{endpoint}", {"path": path}, sink)
         )
     _say(f"{target} ({output.size(written)})")
+
+
+# --- inference endpoints -------------------------------------------------------------------
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def serve(ctx: click.Context) -> None:
+    """Your inference endpoints (with no command: list them)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(serve_list)
+
+
+@serve.command("list")
+@click.option("--all", "everyone", is_flag=True, help="Admins: every user's endpoints.")
+@json_option
+def serve_list(everyone: bool, as_json: bool) -> None:
+    """List your endpoints."""
+    query = {"all": "true"} if everyone else {}
+    rows = _api(lambda: _client().call("GET", "endpoints/", query=query))
+    output.echo_json(rows) if as_json else output.endpoints_table(rows)
+
+
+@serve.command("create")
+@click.argument("name")
+@click.option("-i", "--image", required=True, help="The image of every replica.")
+@click.option("-m", "--model-folder", help="A data folder with the model, mounted read-only.")
+@click.option("-c", "--start-command", help="The command that starts the model server.")
+@click.option("--port", type=int, help="The port it listens on (default 8000).")
+@click.option("--health-path", help="Its health check path (default /health).")
+@click.option("--replicas", type=int, help="How many replicas (default 1).")
+@click.option(
+    "--min-replicas", type=int, help="The fewest replicas autoscaling keeps (0: may scale to zero)."
+)
+@click.option("--max-replicas", type=int, help="The most replicas autoscaling may start.")
+@click.option(
+    "-r", "--resources", type=KEY_VALUE, multiple=True, help="Per replica, e.g. -r cpu=1 -r mem=1g."
+)
+@click.option("-g", "--resource-group", help="The resource group (default: default).")
+@click.option("--public", is_flag=True, help="Callable without a token.")
+@json_option
+def serve_create(name: str, as_json: bool, **options: Any) -> None:
+    """Create the endpoint NAME (its URL: /serve/NAME/ on the apps origin)."""
+    body: dict[str, Any] = {"name": name, "open_to_public": options.pop("public")}
+    resources = options.pop("resources")
+    if resources:
+        body["resources"] = dict(resources)
+    body.update({k: v for k, v in options.items() if v is not None})
+    endpoint = _api(lambda: _client().call("POST", "endpoints/", body))
+    output.echo_json(endpoint) if as_json else output.endpoint_details(endpoint)
+
+
+def _endpoint_id(client: Client, ref: str) -> str:
+    """An endpoint by id or by name (among those you see)."""
+    for endpoint in client.call("GET", "endpoints/", query={"all": "true"}):
+        if ref in (endpoint["id"], endpoint["name"]):
+            return endpoint["id"]
+    raise ApiError(404, f"You have no endpoint named {ref!r}.")
+
+
+@serve.command("show")
+@click.argument("endpoint")
+@json_option
+def serve_show(endpoint: str, as_json: bool) -> None:
+    """Show ENDPOINT (a name or an id): its status and why, routes, rules and history."""
+    client = _client()
+
+    def fetch() -> tuple[Any, Any]:
+        endpoint_id = _endpoint_id(client, endpoint)
+        detail = client.call("GET", f"endpoints/{endpoint_id}/")
+        return detail, client.call("GET", f"endpoints/{endpoint_id}/history/")
+
+    detail, history = _api(fetch)
+    if as_json:
+        output.echo_json({**detail, "history": history})
+    else:
+        output.endpoint_details(detail, history)
+
+
+@serve.command("scale")
+@click.argument("endpoint")
+@click.argument("replicas", type=click.IntRange(0))
+@json_option
+def serve_scale(endpoint: str, replicas: int, as_json: bool) -> None:
+    """Set how many replicas ENDPOINT runs."""
+    client = _client()
+    detail = _api(
+        lambda: client.call(
+            "POST", f"endpoints/{_endpoint_id(client, endpoint)}/scale/", {"replicas": replicas}
+        )
+    )
+    if as_json:
+        output.echo_json(detail)
+    else:
+        click.echo(f"{detail['name']}: {detail['replicas']} replica(s) wanted; {detail['status']}")
+
+
+@serve.command("delete")
+@click.argument("endpoint", nargs=-1, required=True)
+def serve_delete(endpoint: tuple[str, ...]) -> None:
+    """Delete ENDPOINT(s): their replicas end, then the endpoint goes."""
+    client = _client()
+    for ref in endpoint:
+        _api(lambda ref=ref: client.call("DELETE", f"endpoints/{_endpoint_id(client, ref)}/"))
+        click.echo(f"{ref}: deleted")

@@ -23,6 +23,15 @@ def table(headers: list[str], rows: list[list[Any]]) -> None:
         click.echo("  ".join([*padded, row[-1]]).rstrip())
 
 
+def labelled(fields: list[tuple[str, Any]]) -> None:
+    """``label: value`` lines, aligned; empty values left out; then a blank line."""
+    width = max(len(label) for label, _ in fields)
+    for label, value in fields:
+        if value not in (None, ""):
+            click.echo(f"{label + ':':{width + 1}} {value}")
+    click.echo()
+
+
 def _resources(slots: dict[str, Any]) -> str:
     """``1 cpu, 64 MiB mem``: each amount as people read it (bai_common.units)."""
     shown = []
@@ -77,11 +86,7 @@ def session_details(session: dict[str, Any]) -> None:
         ("started", session["started_at"]),
         ("ended", session["terminated_at"]),
     ]
-    width = max(len(label) for label, _ in fields)
-    for label, value in fields:
-        if value not in (None, ""):
-            click.echo(f"{label + ':':{width + 1}} {value}")
-    click.echo()
+    labelled(fields)
     table(
         ["KERNEL", "ROLE", "STATUS", "AGENT", "EXIT", "REASON"],
         [
@@ -118,3 +123,75 @@ def folders_table(folders: list[dict[str, Any]]) -> None:
             for f in folders
         ],
     )
+
+
+def endpoints_table(endpoints: list[dict[str, Any]]) -> None:
+    table(
+        ["ID", "NAME", "STATUS", "REPLICAS", "HEALTHY", "IMAGE", "URL"],
+        [
+            [
+                e["id"],
+                e["name"],
+                e["status"],
+                f"{e['replicas']} ({e['min_replicas']}–{e['max_replicas']})",
+                sum(r["status"] == "HEALTHY" for r in e["routes"]),
+                e["image"],
+                e["url"],
+            ]
+            for e in endpoints
+        ],
+    )
+
+
+def endpoint_details(endpoint: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
+    """The endpoint and why it is in its status, its routes, rules and history."""
+    fields = [
+        ("id", endpoint["id"]),
+        ("name", endpoint["name"]),
+        ("owner", endpoint["owner"]),
+        ("url", endpoint["url"]),
+        ("status", endpoint["status"]),
+        ("reason", endpoint["status_reason"]),
+        ("image", endpoint["image"]),
+        ("model folder", endpoint["model_folder"]),
+        ("start command", endpoint["start_command"]),
+        ("port", endpoint["port"]),
+        ("health", f"GET {endpoint['health_path']} every {endpoint['health_interval']} s"),
+        (
+            "replicas",
+            f"{endpoint['replicas']} ({endpoint['min_replicas']}–{endpoint['max_replicas']})",
+        ),
+        (
+            "resources",
+            f"{_resources(endpoint['resources'])} per replica" if endpoint["resources"] else None,
+        ),
+        ("access", "public" if endpoint["open_to_public"] else "token"),
+        ("created", endpoint["created_at"]),
+    ]
+    labelled(fields)
+    table(
+        ["ROUTE", "SESSION", "STATUS", "RATIO"],
+        [[r["id"], r["session_id"], r["status"], r["traffic_ratio"]] for r in endpoint["routes"]],
+    )
+    if endpoint["rules"]:
+        click.echo()
+        table(
+            ["RULE", "METRIC", "WHEN", "STEP", "COOLDOWN", "MIN–MAX"],
+            [
+                [
+                    r["id"],
+                    r["metric"],
+                    f"{r['comparator']} {r['threshold']:g}",
+                    f"{r['step']:+d}",
+                    f"{r['cooldown']} s",
+                    f"{r['min_replicas']}–{r['max_replicas']}",
+                ]
+                for r in endpoint["rules"]
+            ],
+        )
+    if history:
+        click.echo()
+        table(
+            ["TIME", "KIND", "WHAT"],
+            [[e["created_at"], e["kind"], e["message"]] for e in history[-20:]],
+        )

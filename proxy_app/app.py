@@ -12,6 +12,8 @@ so an app's pages never share cookies or storage with the manager or with anothe
 - ``/tunnel/<id>/`` (websocket): an agent dialling back for one proxied connection.
 - ``/serve/<endpoint>/<path>`` on the bare apps host (no app named in it): the inference
   router (``router.py``).
+- ``/_bai/probe?t=<token>``: a health check of an inference replica for the serving
+  reconciler (``probe.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from . import access, forward, router, tunnels
+from . import access, forward, probe, router, tunnels
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _tcp(scope, receive, send)
     elif path.startswith(router.PREFIX) and access.parse_host(_header(scope, b"host")) is None:
         await router.serve(scope, receive, send)
+    elif kind == "http" and path == "/_bai/probe":
+        await probe.serve_probe(scope, receive, send)
     else:
         await _app(scope, receive, send)
 

@@ -108,6 +108,22 @@ def world(alice, admin, image, group, agent):
     from django.contrib.auth.models import Group
 
     Group.objects.create(name="researchers")
+    _serving_world(alice, image, group, session)
+
+
+def _serving_world(owner, image, group, session):
+    """An endpoint with a route, a token, a rule and an event (serving_app)."""
+    from serving_app.models import AutoScalingRule, Endpoint, EndpointEvent, EndpointToken, Route
+
+    endpoint = Endpoint.objects.create(owner=owner, name="iris", image=image, resource_group=group)
+    Route.objects.create(endpoint=endpoint, session=session)
+    EndpointToken.objects.create(
+        endpoint=endpoint, prefix="abcd1234", digest="0" * 64, created_by=owner
+    )
+    AutoScalingRule.objects.create(
+        endpoint=endpoint, metric="inflight", comparator="gt", threshold=5, step=1
+    )
+    EndpointEvent.objects.create(endpoint=endpoint, kind="created", message="created")
 
 
 def _url(model, page: str, *args) -> str:
@@ -138,8 +154,9 @@ def admin_request(admin):
 def test_every_model_of_the_app_is_in_the_admin():
     from django.apps import apps
 
-    app_models = set(apps.get_app_config("sessions_app").get_models())
-    assert app_models <= set(django_admin.site._registry)
+    for app in ("sessions_app", "serving_app"):
+        app_models = set(apps.get_app_config(app).get_models())
+        assert app_models <= set(django_admin.site._registry), app
 
 
 def test_the_admin_index_loads(client, admin):

@@ -88,3 +88,18 @@ def test_the_policies_import_nothing_of_django() -> None:
     ):
         names = _imports(package)[path]
         assert not [m for m in names if _top(m) in {"django", "rest_framework", "channels"}], path
+
+
+def test_serving_app_reaches_sessions_app_only_and_nothing_below_reaches_it() -> None:
+    # DESIGN.md, "Growing the house": proxy_app → serving_app → sessions_app.
+    upward = {
+        path: sorted(m for m in names if _top(m) in {"proxy_app", "scheduler_app"})
+        for path, names in _imports("serving_app").items()
+    }
+    assert {path: names for path, names in upward.items() if names} == {}
+    for package in ("sessions_app", "scheduler_app", "agent", "bai_client"):
+        reaching = {
+            path: sorted(m for m in names if _top(m) == "serving_app")
+            for path, names in _imports(package).items()
+        }
+        assert {path: names for path, names in reaching.items() if names} == {}, package

@@ -22,7 +22,7 @@ from serving_app.models import Endpoint, EndpointEvent, Route
 from sessions_app import services as session_services
 from sessions_app.models import Agent, AgentStatus
 from tests.docker.test_apps_proxy import _api
-from tests.docker.test_cluster_system import PYTHON_IMAGE, engine, images  # noqa: F401
+from tests.docker.test_cluster_system import PYTHON_IMAGE, engine  # noqa: F401
 from tests.live import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]

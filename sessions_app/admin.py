@@ -31,6 +31,7 @@ from .models import (
     Agent,
     DataFolder,
     ExecutionRun,
+    FolderShare,
     Image,
     Kernel,
     ResourceGroup,
@@ -40,6 +41,7 @@ from .models import (
     SessionEvent,
     SessionTemplate,
     SessionType,
+    SSHKey,
     UserResourcePolicy,
 )
 from .templates import validate_template_spec
@@ -655,6 +657,45 @@ class SessionTemplateAdmin(admin.ModelAdmin):
 class DataFolderAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "created_at"]
     search_fields = ["name", "owner__username"]
+
+
+class FolderShareForm(forms.ModelForm):
+    class Meta:
+        model = FolderShare
+        fields = ["folder", "user", "permission"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        folder, user = data.get("folder"), data.get("user")
+        if folder is not None and user is not None and folder.owner_id == user.pk:
+            raise forms.ValidationError("A folder is not shared with its own owner.")
+        return data
+
+
+@admin.register(FolderShare)
+class FolderShareAdmin(admin.ModelAdmin):
+    """Who may see and mount whose folder. Revoking affects sessions started from then on."""
+
+    form = FolderShareForm
+    list_display = ["folder", "user", "permission", "created_at"]
+    list_filter = ["permission"]
+    list_select_related = ["folder__owner", "user"]
+    search_fields = ["folder__name", "folder__owner__username", "user__username"]
+
+
+@admin.register(SSHKey)
+class SSHKeyAdmin(admin.ModelAdmin):
+    """Users' public keys for their SFTP sessions: added by their owners (the API checks
+    each key), listed and deleted here."""
+
+    list_display = ["name", "owner", "fingerprint", "created_at"]
+    list_select_related = ["owner"]
+    search_fields = ["name", "owner__username", "fingerprint"]
+    fields = ["owner", "name", "fingerprint", "public_key", "created_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 # knox's own admin lists tokens by digest and offers to make one: ours lists

@@ -24,6 +24,7 @@ from sessions_app.models import (
     Agent,
     DataFolder,
     ExecutionRun,
+    FolderShare,
     Image,
     Kernel,
     ResourceGroup,
@@ -32,6 +33,7 @@ from sessions_app.models import (
     Session,
     SessionEvent,
     SessionTemplate,
+    SSHKey,
     Status,
     UserResourcePolicy,
     hash_token,
@@ -88,10 +90,15 @@ def _session(owner, image, group, agent=None, name="s", status=Status.RUNNING, k
 
 
 @pytest.fixture
-def world(alice, admin, image, group, agent):
+def world(alice, bob, admin, image, group, agent):
     """At least one row of every model the admin shows."""
     session = _session(alice, image, group, agent)
-    session.mounts.set([DataFolder.objects.create(owner=alice, name="data")])
+    folder = DataFolder.objects.create(owner=alice, name="data")
+    session.mounts.set([folder])
+    FolderShare.objects.create(folder=folder, user=bob, permission="ro")
+    SSHKey.objects.create(
+        owner=alice, name="laptop", public_key="ssh-ed25519 AAAA", fingerprint="SHA256:x"
+    )
     SessionEvent.objects.create(session=session, to_status=Status.PENDING, reason="created")
     ExecutionRun.objects.create(session=session, user=alice, mode="query", run_id="r1")
     SessionTemplate.objects.create(owner=alice, name="tpl", spec={"image": image.reference})

@@ -82,3 +82,20 @@ def test_a_big_upload_and_a_slow_download_keep_daphne_memory_flat(live_system, a
     assert (received, got.digest()) == (SIZE, sent.digest())
     after_download = _peak_rss(pid)
     assert after_download - before < SIZE // 4, (before, after_upload, after_download)
+
+
+def test_a_request_line_past_twisteds_16_kib_gets_the_apis_answer(live_system, alice, make_token):
+    """A path of 4,096 four-byte characters (12 once percent-encoded: a 48 KiB request
+    line) is answered with the API's refusal, not a dropped connection."""
+    folder = services.folder_create(owner=alice, name="long")
+    conn = http.client.HTTPConnection("127.0.0.1", live_system.port, timeout=30)
+    path = "%F0%9F%98%80" * 4096
+    conn.request(
+        "DELETE",
+        f"/api/v1/folders/{folder.pk}/files/?path={path}",
+        headers={"Authorization": f"Token {make_token(alice)}"},
+    )
+    answer = conn.getresponse()
+    body = answer.read()
+    assert answer.status == 400, (answer.status, body[:300])
+    assert "path" in json.loads(body)["message"].lower()

@@ -9,10 +9,15 @@ agents by token itself, since agents are not browsers and send no Origin.
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from backendai_web.handler import OneHopASGIHandler  # noqa: E402
+
+# get_asgi_application(), with the middleware run in one thread hop (handler.py).
+django_asgi_app = OneHopASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

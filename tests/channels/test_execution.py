@@ -672,3 +672,29 @@ async def test_a_second_session_keeps_its_own_answers(running, alice, image, fak
     await answer(fake_agent, commands[str(running.pk)], records=[stdout("a")])
     assert (await first)[1]["records"] == [stdout("a")]
     assert (await second)[1]["records"] == [stdout("b")]
+
+
+async def test_rest_requests_share_one_reply_channel_and_a_late_answer_reaches_no_one(
+    running, alice, fake_agent, settings
+):
+    settings.BAI_EXEC_FLUSH = 0.05
+    execution.ANSWER_GRACE, grace = 0.2, execution.ANSWER_GRACE
+    token = await token_of(alice)
+    try:
+        gave_up = execute(running, token, {"mode": "query", "code": "1"})
+        late = await frame_of(fake_agent, protocol.EXEC)
+        assert (await gave_up)[0] == 504
+        replies = execution._replies_here()
+        channel = replies.channel
+        request = execute(running, token, {"mode": "continue", "run_id": late["run_id"]})
+        command = await frame_of(fake_agent, protocol.EXEC)
+        # The first request's answer comes after it stopped waiting: no one takes it.
+        await answer(fake_agent, late, records=[stdout("late")])
+        await answer(fake_agent, command, records=[stdout("mine")])
+        status, body = await request
+    finally:
+        execution.ANSWER_GRACE = grace
+    assert (status, body["records"]) == (200, [stdout("mine")])
+    # One subscription for every request of the process, and nothing left waiting.
+    assert channel is not None and replies.channel == channel
+    assert replies.waiting == {}

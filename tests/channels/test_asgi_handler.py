@@ -8,31 +8,17 @@ import json
 
 import pytest
 from asgiref.sync import iscoroutinefunction, sync_to_async
-from channels.testing import HttpCommunicator
 
-from backendai_web.asgi import application, django_asgi_app
+from backendai_web.asgi import django_asgi_app
 from sessions_app.tokens import token_create
+
+from .helpers import http
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("channel_prefix")]
 
 
 def test_the_middleware_chain_is_synchronous():
     assert not iscoroutinefunction(django_asgi_app._middleware_chain)
-
-
-async def _get(path: str, token: str, method: str = "GET", body: bytes = b"") -> dict:
-    comm = HttpCommunicator(
-        application,
-        method,
-        path,
-        body=body,
-        headers=[
-            (b"host", b"testserver"),
-            (b"authorization", f"Token {token}".encode()),
-            (b"content-type", b"application/json"),
-        ],
-    )
-    return await comm.get_response(timeout=30)
 
 
 @pytest.mark.parametrize(
@@ -43,11 +29,9 @@ async def _get(path: str, token: str, method: str = "GET", body: bytes = b"") ->
         ("GET", "/no-such-page/", b"", 404),
     ],
 )
-async def test_every_view_passes_through_the_middleware(
-    running, alice, method, path, body, status
-):
+async def test_every_view_passes_through_the_middleware(running, alice, method, path, body, status):
     token = await sync_to_async(lambda: token_create(user=alice)[1])()
-    response = await _get(path.format(running.pk), token, method, body)
+    response = await http(method, path.format(running.pk), token, body)
     headers = {k.decode().lower(): v.decode() for k, v in response["headers"]}
     assert response["status"] == status
     assert "frame-ancestors 'none'" in headers["content-security-policy"]  # CSPMiddleware

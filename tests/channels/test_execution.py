@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import HttpCommunicator, WebsocketCommunicator
+from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 from agent import protocol
@@ -31,6 +31,7 @@ from .helpers import (
     active_since,
     browser,
     frame_of,
+    http,
     no_frame_of,
     refused,
     registered_agent,
@@ -54,19 +55,7 @@ def _path(session, what: str = "execute") -> str:
 async def call(method: str, path: str, token: str, body=None, *, raw: bytes | None = None):
     """One API request through the ASGI application: (status, JSON body)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
-    comm = HttpCommunicator(
-        application,
-        method,
-        path,
-        body=data,
-        headers=[
-            (b"host", b"testserver"),
-            (b"authorization", f"Token {token}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-        ],
-    )
-    response = await comm.get_response(timeout=30)
+    response = await http(method, path, token, data)
     return response["status"], json.loads(response["body"] or b"{}")
 
 

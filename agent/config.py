@@ -68,6 +68,8 @@ class AgentConfig:
     # The process backend's python for the code runner (None: the agent's own when
     # kernels can run it, else python3 on the kernel's PATH).
     runner_python: str | None = None
+    # HOST:PORT where the agent serves its Prometheus metrics; None: not served.
+    metrics_address: str | None = None
 
     @property
     def agent_key(self) -> str:
@@ -124,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
+    p.add_argument(
+        "--metrics-address",
+        default=os.environ.get("BACKENDAI_AGENT_METRICS"),
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (or env"
+        " BACKENDAI_AGENT_METRICS; default: not served)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -149,7 +158,15 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         kernel_tmp_size=ns.kernel_tmp_size,
         kernel_uid_base=ns.kernel_uid_base,
         runner_python=ns.runner_python,
+        metrics_address=ns.metrics_address or None,
     )
+    if cfg.metrics_address:
+        from agent.metrics import parse_address
+
+        try:
+            parse_address(cfg.metrics_address)
+        except ValueError as exc:
+            parser.error(f"--metrics-address: {exc}")
     if not 0 < cfg.kernel_uid_base < 2**31 - 2**16:
         parser.error("--kernel-uid-base must leave room for 65536 uids below 2^31")
     return cfg, ns

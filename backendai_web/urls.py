@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from sessions_app.views import metrics_page
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
@@ -13,6 +15,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("sessions_app.urls_api")),
     path("serving/", include("serving_app.pages")),
+    path("metrics", metrics_page, name="metrics"),
     path("", include("sessions_app.urls")),
 ]
 

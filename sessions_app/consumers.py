@@ -38,7 +38,7 @@ from django.conf import settings
 
 from agent import protocol
 from backendai_web.serve import code_run_limit
-from backendai_web.websockets import LoopDispatch
+from backendai_web.websockets import LoopDispatch, OpenSockets
 from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
 from . import execution, selectors, terminals
@@ -121,9 +121,11 @@ def _ping_answer(text_data: str | None) -> dict[str, Any]:
     return {"type": "error", "message": "only ping is understood here"}
 
 
-class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
+class SessionsConsumer(LoopDispatch, OpenSockets, _Refusing, AsyncJsonWebsocketConsumer):
     """Pushes ``{"type": "sessions.changed", "sessions": [{id, kernel, status, reason}]}``
     for the user's own sessions (``live.session_changed``)."""
+
+    socket_kind = "sessions"
 
     group: str | None = None
 
@@ -206,7 +208,7 @@ class _Toucher:
 # --- logs ------------------------------------------------------------------
 
 
-class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class KernelLogsConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/kernels/<hostname-or-id>/logs/``.
 
     To the browser: ``{"type": "state", "live": bool, "kernel", "status", "message"}``
@@ -214,6 +216,8 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
     kernel (or one without a live agent) the kept tail as one chunk and then
     ``{"type": "ended", "status", "reason"}``. The browser sends nothing but pings.
     """
+
+    socket_kind = "logs"
 
     stream_id: str | None = None
     agent_group: str | None = None
@@ -362,7 +366,7 @@ def _query(scope: dict[str, Any]) -> dict[str, str]:
     return dict(parse_qsl(raw, keep_blank_values=True))
 
 
-class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/terminal/?term=<uuid>&cols=80&rows=24``: a shell in main1.
 
     ``term`` is the browser tab's stable id (kept in its sessionStorage): the
@@ -378,6 +382,8 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     Server → browser: ``{"type": "ready", "term"}``, ``{"type": "output", "data"}``,
     ``{"type": "closed", "reason"}``, ``{"type": "error", "message"}``.
     """
+
+    socket_kind = "terminal"
 
     term_id: str | None = None
     agent_group: str | None = None
@@ -623,7 +629,7 @@ def _exec_body(message: dict[str, Any]) -> dict[str, Any]:
     return {**body, "mode": kind}
 
 
-class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/execute/``: code runs in main1, its output streamed.
 
     The same requests, checks and history as the REST endpoint
@@ -637,6 +643,8 @@ class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer)
     ``waiting-input`` result, more comes once ``input`` is sent), or ``{"type":
     "error", "message"}`` for a request refused (the stream stays open).
     """
+
+    socket_kind = "execute"
 
     target: execution.ExecTarget | None = None
     owner_group: str | None = None

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from sessions_app.views import metrics_page
+from sessions_app.views import healthz, metrics_page
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/v1/", include("sessions_app.urls_api")),
     path("serving/", include("serving_app.pages")),
     path("metrics", metrics_page, name="metrics"),
+    path("healthz", healthz, name="healthz"),
     path("", include("sessions_app.urls")),
 ]
 

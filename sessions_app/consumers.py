@@ -53,6 +53,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_NOT_READY = 4409
+# Seconds a terminal waits for the agent's gateway to take its open before asking again.
+TERM_OPEN_RETRY = 2.0
 CLOSE_GONE = 4410
 CLOSE_TOO_MANY = 4429
 
@@ -395,6 +397,8 @@ class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebs
     # Whose place (sessions_app.terminals) this terminal holds, and its renewal.
     place_holder: Any = None
     _renew_task: asyncio.Task[None] | None = None
+    _open_task: asyncio.Task[None] | None = None
+    _routed: asyncio.Event
 
     async def connect(self) -> None:
         user = _user(self.scope)
@@ -455,20 +459,37 @@ class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebs
         self.owner_group = protocol.user_group(session.owner_id)
         await self.channel_layer.group_add(self.owner_group, self.channel_name)
         await self.accept()
-        await self._agent(
-            {
-                "type": protocol.TERM_OPEN,
-                "term_id": self.term_id,
-                "kernel_id": str(main.pk),
-                "cols": size[0],
-                "rows": size[1],
-            }
+        self._routed = asyncio.Event()
+        self._open_task = asyncio.create_task(
+            self._open(
+                {
+                    "type": protocol.TERM_OPEN,
+                    "term_id": self.term_id,
+                    "kernel_id": str(main.pk),
+                    "cols": size[0],
+                    "rows": size[1],
+                },
+                str(tab),
+            )
         )
-        await self.send(text_data=json.dumps({"type": "ready", "term": str(tab)}))
         self.start_touching(session, user)
         logger.info(
             "terminal %s opened on session %s by user %s", self.term_id, session.pk, user.pk
         )
+
+    async def _open(self, command: dict[str, Any], tab: str) -> None:
+        """Open (or re-attach to) the shell, and say "ready" once the agent's gateway
+        has taken the command. A command sent to the agent's group while the agent
+        reconnects (its daphne died, or the balancer moved it) reaches no one: ask
+        again until a gateway answers, so a page never types into a shell nobody opened."""
+        while True:
+            await self._agent(command)
+            try:
+                await asyncio.wait_for(self._routed.wait(), TERM_OPEN_RETRY)
+                break
+            except TimeoutError:
+                logger.info("terminal %s: no gateway took the open yet; again", self.term_id)
+        await self.send(text_data=json.dumps({"type": "ready", "term": tab}))
 
     async def _renew_place(self, term_id: str) -> None:
         while True:
@@ -500,6 +521,7 @@ class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebs
                 self.gateway_channel = None
         elif event.get("ack") == self._via_group:
             self.gateway_channel = gateway
+            self._routed.set()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.term_id is None:
@@ -553,6 +575,9 @@ class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebs
         if self._renew_task is not None:
             self._renew_task.cancel()
             self._renew_task = None
+        if self._open_task is not None:
+            self._open_task.cancel()
+            self._open_task = None
         if self.term_id is None:
             return
         if not self.closed_by_agent:

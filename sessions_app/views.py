@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -311,6 +312,14 @@ def folder_browse(request: HttpRequest, folder_id: int) -> HttpResponse:
 
 
 # --- error pages: HTML for people, the API's JSON under /api/ -------------------------
+
+
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    """The balancer's health check: this process answers and reaches its database."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return HttpResponse("ok\n", content_type="text/plain")
 
 
 @require_GET

@@ -5,7 +5,7 @@ running manager on loopback (``scripts/webfarm up`` gives the production shape).
     python bench/load.py --url http://127.0.0.1:8080 --users 12 --spawn-rate 2 --run-time 90
 
 Bounded: at most ``--users`` (<= 50) users, ``--run-time`` (<= 600) seconds, loopback
-addresses only; it stops by itself. It makes its load users (``load-1`` …, with API
+addresses only; it stops by itself. It makes its load users (``load-<run>-1`` …, with API
 tokens) and an admin token through ``manage.py`` in the same environment (DATABASE_URL,
 REDIS_URL) as the manager it loads. It prints the conditions, sessions started per
 minute sustained (from the moment every user is spawned), the API's p95, and checks
@@ -64,7 +64,8 @@ User = get_user_model()
 admin = User.objects.filter(is_superuser=True).order_by("pk").first()
 tokens = []
 for i in range(1, {users} + 1):
-    user, _ = User.objects.get_or_create(username=f"load-{{i}}")
+    # Users of this run only: an earlier run's detached terminals may still hold places.
+    user, _ = User.objects.get_or_create(username=f"load-{run}-{{i}}")
     tokens.append(token_create(user=user)[1])
 print(json.dumps({{"admin": token_create(user=admin)[1], "users": tokens}}))
 """
@@ -120,6 +121,12 @@ if __name__ != "__main__":
                         seen += ws.recv(timeout=15)
                     if until not in seen:
                         raise TimeoutError(f"{until!r} never came")
+                    if send is not None:
+                        # End the shell: a socket merely closed keeps it (and the user's
+                        # place under BAI_MAX_TERMINALS_PER_USER) for the agent's grace period.
+                        ws.send(json.dumps({"type": "close"}))
+                        while '"closed"' not in ws.recv(timeout=10):
+                            pass
             except Exception as exc:  # noqa: BLE001 - reported to Locust as a failure
                 error = exc
             self.environment.events.request.fire(
@@ -203,7 +210,7 @@ def main() -> int:
     if not (1 <= args.users <= 50 and 0 < args.spawn_rate <= 10 and 10 <= args.run_time <= 600):
         parser.error("bounded: 1-50 users, spawn rate up to 10/s, 10-600 s")
 
-    secrets = json.loads(manage(SETUP.format(users=args.users)))
+    secrets = json.loads(manage(SETUP.format(users=args.users, run=uuid.uuid4().hex[:6])))
     import gevent
     import requests
     from locust.env import Environment

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 from decimal import Decimal
 from pathlib import Path
@@ -23,7 +22,7 @@ import redis
 
 from backendai_web import metrics as shared
 from tests.conftest import skip_or_fail
-from tests.live import free_port, server_environment
+from tests.live import free_port, server_environment, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
@@ -151,16 +150,6 @@ def _db(fn):
         return pool.submit(call).result()
 
 
-def _wait(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_the_pages_work_through_the_balancer_and_a_killed_daphne_loses_no_shell(
     farm, users, login, shot
 ):
@@ -194,7 +183,7 @@ def test_the_pages_work_through_the_balancer_and_a_killed_daphne_loses_no_shell(
     terminal.wait_for_function("() => window.termOutput.includes('mark-farm42')")
 
     # Kill -9 the daphne that holds the terminal (its per-process gauge says which).
-    holders = _wait(lambda: _held_by_pid("terminal"), "the terminal's daphne")
+    holders = wait_for(lambda: _held_by_pid("terminal"), timeout=60, what="the terminal's daphne")
     assert len(holders) == 1
     victim = next(iter(holders))
     assert victim in {farm.pid("web1"), farm.pid("web2")}
@@ -209,13 +198,17 @@ def test_the_pages_work_through_the_balancer_and_a_killed_daphne_loses_no_shell(
     # ... served by the other daphne; the live list and the agent are there too.
     survivor = ({farm.pid("web1"), farm.pid("web2")} - {victim}).pop()
     # (The killed process's gauges lapse with their lease, GAUGE_LEASE seconds.)
-    _wait(
+    wait_for(
         lambda: _held_by_pid("terminal").keys() == {survivor},
-        "the terminal counted on the survivor only",
         timeout=shared.GAUGE_LEASE + 10,
+        what="the terminal counted on the survivor only",
     )
     page.wait_for_function("() => window.wsReady === true", timeout=45_000)
-    _wait(lambda: _held_by_pid("agent").keys() == {survivor}, "the agent on the survivor")
+    wait_for(
+        lambda: _held_by_pid("agent").keys() == {survivor},
+        timeout=60,
+        what="the agent on the survivor",
+    )
     assert _db(lambda: Agent.objects.get(pk="local").status) == AgentStatus.ALIVE
     status = farm.run("status")
     assert "DEAD" in status and status.count("UP") >= 1
@@ -226,9 +219,10 @@ def test_the_pages_work_through_the_balancer_and_a_killed_daphne_loses_no_shell(
         "(id) => ['TERMINATING', 'TERMINATED'].includes(window.sessionsById.get(id).status)",
         arg=sid,
     )
-    _wait(
+    wait_for(
         lambda: _db(lambda: Session.objects.get(pk=sid).status) == "TERMINATED",
-        "the session to terminate",
+        timeout=60,
+        what="the session to terminate",
     )
 
 
@@ -252,9 +246,10 @@ def test_a_worker_killed_in_a_burst_of_passes_leaves_nothing_stuck_lost_or_overs
 
     ResourcePolicy.objects.update(max_concurrent_sessions=100, max_pending_sessions=100)
     token = _alice_token(users)
-    agent = _wait(
+    agent = wait_for(
         lambda: Agent.objects.filter(pk="local", status="ALIVE").exclude(capacity_slots={}).first(),
-        "the agent to register",
+        timeout=60,
+        what="the agent to register",
     )
     capacity = Decimal(agent.capacity_slots["cpu"])
     per = Decimal("0.25")
@@ -286,7 +281,7 @@ def test_a_worker_killed_in_a_burst_of_passes_leaves_nothing_stuck_lost_or_overs
         statuses = list(Session.objects.filter(pk__in=ids).values_list("status", flat=True))
         return statuses.count("RUNNING") == fits and statuses.count("PENDING") == burst - fits
 
-    _wait(settled, f"{fits} sessions running and the rest pending", timeout=120)
+    wait_for(settled, timeout=120, what=f"{fits} sessions running and the rest pending")
     # The ones that wait say why: the resources (not a lost pass).
     for reason in Session.objects.filter(pk__in=ids, status="PENDING").values_list(
         "status_reason", flat=True
@@ -298,13 +293,13 @@ def test_a_worker_killed_in_a_burst_of_passes_leaves_nothing_stuck_lost_or_overs
     )
     for sid in running:
         farm.api(token, "POST", f"sessions/{sid}/terminate/", {})
-    _wait(
+    wait_for(
         lambda: (
             Session.objects.filter(pk__in=ids, status="RUNNING").count() == burst - fits
             and not Session.objects.filter(pk__in=ids, status="PENDING").exists()
         ),
-        "the waiting sessions to run",
         timeout=120,
+        what="the waiting sessions to run",
     )
     assert worst <= capacity, f"agent held {worst} cpu of {capacity}"
     assert Session.objects.filter(pk__in=ids).count() == burst  # none lost

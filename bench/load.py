@@ -70,6 +70,13 @@ for i in range(1, {users} + 1):
 print(json.dumps({{"admin": token_create(user=admin)[1], "users": tokens}}))
 """
 
+OWNED = """
+import json
+from sessions_app.models import ACTIVE, Session
+print(json.dumps([str(pk) for pk in Session.objects.filter(
+    owner__username__startswith="load-{run}-", status__in=ACTIVE).values_list("pk", flat=True)]))
+"""
+
 # What the database says, for the comparison with /metrics (the same moment: nothing moves then).
 FIGURES = """
 import json
@@ -210,7 +217,8 @@ def main() -> int:
     if not (1 <= args.users <= 50 and 0 < args.spawn_rate <= 10 and 10 <= args.run_time <= 600):
         parser.error("bounded: 1-50 users, spawn rate up to 10/s, 10-600 s")
 
-    secrets = json.loads(manage(SETUP.format(users=args.users, run=uuid.uuid4().hex[:6])))
+    run = uuid.uuid4().hex[:6]
+    secrets = json.loads(manage(SETUP.format(users=args.users, run=run)))
     import gevent
     import requests
     from locust.env import Environment
@@ -251,12 +259,14 @@ def main() -> int:
     sampler.kill()
 
     # Stuck? End every load session and wait for all of them to be gone.
-    ids = list(users_module.CREATED)
+    # The users' own list, and the database's: a launch whose user was stopped by the
+    # end of the run before it read the answer exists all the same.
+    ids = set(users_module.CREATED) | set(json.loads(manage(OWNED.format(run=run))))
     for sid in ids:
         requests.post(
             f"{args.url}/api/v1/sessions/{sid}/terminate/", json={}, headers=admin, timeout=30
         )
-    stuck = ids
+    stuck = sorted(ids)
     deadline = time.monotonic() + 90
     while stuck and time.monotonic() < deadline:
         gevent.sleep(1)

@@ -40,6 +40,10 @@ def make_backend(config: AgentConfig) -> Backend:
 
 async def amain(config: AgentConfig) -> int:
     backend = make_backend(config)
+    if config.metrics_address:
+        from agent import metrics
+
+        metrics.serve(config.metrics_address, backend)
     agent = Agent(config, backend)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

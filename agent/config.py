@@ -74,6 +74,8 @@ class AgentConfig:
     # connect to (None: the address itself, or the hostname when it is a wildcard).
     public_address: str = "127.0.0.1"
     public_host: str | None = None
+    # HOST:PORT where the agent serves its Prometheus metrics; None: not served.
+    metrics_address: str | None = None
 
     @property
     def advertised_host(self) -> str:
@@ -156,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pull", action="store_true", help="pull images that are missing")
     p.add_argument("--label", action="append", type=parse_label, default=[], metavar="K=V")
     p.add_argument("--term-grace", type=float, default=DEFAULT_TERM_GRACE)
+    p.add_argument(
+        "--metrics-address",
+        default=os.environ.get("BACKENDAI_AGENT_METRICS"),
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (or env"
+        " BACKENDAI_AGENT_METRICS; default: not served)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -184,7 +193,15 @@ def config_from_args(argv: list[str] | None = None) -> tuple[AgentConfig, argpar
         runner_python=ns.runner_python,
         public_address=ns.public_address,
         public_host=ns.public_host,
+        metrics_address=ns.metrics_address or None,
     )
+    if cfg.metrics_address:
+        from agent.metrics import parse_address
+
+        try:
+            parse_address(cfg.metrics_address)
+        except ValueError as exc:
+            parser.error(f"--metrics-address: {exc}")
     if not 0 < cfg.kernel_uid_base < 2**31 - 2**16:
         parser.error("--kernel-uid-base must leave room for 65536 uids below 2^31")
     return cfg, ns

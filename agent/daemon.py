@@ -22,7 +22,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from agent import protocol
+from agent import metrics, protocol
 from agent.backends.base import Backend, KernelError
 from agent.config import AgentConfig, capacity
 from agent.tunnel import run_tunnel
@@ -352,7 +352,10 @@ class Agent:
             self._spawn(backend.create_kernels(msg))
         elif kind == protocol.DESTROY_KERNELS:
             log.info("destroy_kernels %s (%s)", msg["kernel_ids"], msg.get("reason"))
-            self._spawn(backend.destroy_kernels(list(msg["kernel_ids"]), msg.get("reason") or ""))
+            self._spawn(
+                backend.destroy_kernels(list(msg["kernel_ids"]), msg.get("reason") or ""),
+                operation="destroy",
+            )
         elif kind == protocol.TERM_INPUT:
             backend.term_input(msg["term_id"], msg["data"])
         elif kind == protocol.TERM_OPEN:
@@ -390,13 +393,14 @@ class Agent:
         else:
             log.warning("ignoring unknown frame type %r", kind)
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any], operation: str = "command") -> None:
         async def guarded() -> None:
             try:
                 await coro
             except asyncio.CancelledError:
                 raise
             except Exception:
+                metrics.ERRORS.labels(operation).inc()
                 log.exception("command failed")
 
         task = asyncio.create_task(guarded())
@@ -426,4 +430,5 @@ class Agent:
         except asyncio.CancelledError:
             raise
         except Exception:
+            metrics.ERRORS.labels("logs").inc()
             log.exception("log stream %s of kernel %s failed", stream_id, kernel_id)

@@ -16,6 +16,8 @@ django.setup(set_prefix=False)
 
 from backendai_web.uploads import StreamingBodyHandler  # noqa: E402
 
+# get_asgi_application(), with the middleware run in one thread hop (handler.py) and
+# uploads' bodies read as the view reads them (uploads.py).
 django_asgi_app = StreamingBodyHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -33,13 +33,6 @@ class LocalFirstLoopLayer(RedisPubSubLoopLayer):  # type: ignore[misc]
             return
         await super().send(channel, message)
 
-    async def delete_channel(self, channel: str) -> None:
-        """Forget a channel of ``new_channel()`` that is done with (a request's
-        reply channel): channels_redis unsubscribes only when a receive is
-        cancelled, so each finished request would leave a subscription behind."""
-        if self.channels.pop(channel, None) is not None:
-            await self._get_shard(channel).unsubscribe(channel)
-
 
 class LocalFirstPubSubChannelLayer(RedisPubSubChannelLayer):  # type: ignore[misc]
     def _get_layer(self) -> LocalFirstLoopLayer:

@@ -370,6 +370,13 @@ BAI_EXEC_MAX_CODE = env_int(
     "BAI_EXEC_MAX_CODE", protocol.EXEC_CODE_MAX, minimum=1, maximum=protocol.EXEC_CODE_MAX
 )
 
+# /metrics (Prometheus) answers admins and the bearer of this token; open to
+# anyone only when BAI_METRICS_PUBLIC says so (a scraper on a private network).
+BAI_METRICS_PUBLIC = env_bool("BAI_METRICS_PUBLIC", False)
+BAI_METRICS_TOKEN = env_str("BAI_METRICS_TOKEN", "")
+if BAI_METRICS_TOKEN and len(BAI_METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("BAI_METRICS_TOKEN must be at least 16 characters")
+
 if PRODUCTION:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True

@@ -20,7 +20,8 @@ import re
 from typing import Any
 
 from django.core.exceptions import RequestAborted
-from django.core.handlers.asgi import ASGIHandler
+
+from backendai_web.handler import OneHopASGIHandler
 
 STREAMED = re.compile(r"^/api/v1/folders/\d+/files/content/$")
 _body: contextvars.ContextVar[ReceivedBody | None] = contextvars.ContextVar("body", default=None)
@@ -77,7 +78,7 @@ class ReceivedBody:
         self._buffer = bytearray()
 
 
-class StreamingBodyHandler(ASGIHandler):
+class StreamingBodyHandler(OneHopASGIHandler):
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("method") != "PUT" or not STREAMED.match(scope.get("path", "")):
             return await super().handle(scope, receive, send)

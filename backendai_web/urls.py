@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from sessions_app.views import healthz, metrics_page
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
@@ -14,6 +16,8 @@ urlpatterns = [
     path("api/v1/", include("sessions_app.urls_api")),
     path("serving/", include("serving_app.pages")),
     path("api/v1/", include("serving_app.urls_api")),
+    path("metrics", metrics_page, name="metrics"),
+    path("healthz", healthz, name="healthz"),
     path("", include("sessions_app.urls")),
 ]
 

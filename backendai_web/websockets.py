@@ -7,6 +7,8 @@ from typing import Any
 
 from channels.consumer import get_handler_name
 
+from . import metrics
+
 
 class LoopDispatch:
     """Dispatch without Channels' per-message ``aclose_old_connections()``.
@@ -25,3 +27,23 @@ class LoopDispatch:
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
+
+
+class OpenSockets:
+    """Counts this consumer's socket in ``bai_websockets_open{kind=socket_kind}``
+    from its accept to its disconnect (``backendai_web.metrics``)."""
+
+    socket_kind = "other"
+    _counted = False
+
+    async def accept(self, *args: Any, **kwargs: Any) -> None:
+        await super().accept(*args, **kwargs)  # type: ignore[misc]
+        if not self._counted:
+            self._counted = True
+            metrics.hold("bai_websockets_open", 1, kind=self.socket_kind)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        if self._counted:
+            self._counted = False
+            metrics.hold("bai_websockets_open", -1, kind=self.socket_kind)
+        await super().websocket_disconnect(message)  # type: ignore[misc]

@@ -28,6 +28,8 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from backendai_web import metrics
+
 from . import access, forward, probe, router, tunnels
 
 logger = logging.getLogger(__name__)
@@ -100,14 +102,30 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     path = scope["path"]
     if kind == "websocket" and path.startswith("/tunnel/"):
         await tunnels.serve_agent_end(scope, receive, send)
-    elif kind == "websocket" and path.startswith("/_bai/tcp/"):
-        await _tcp(scope, receive, send)
-    elif path.startswith(router.PREFIX) and access.parse_host(_header(scope, b"host")) is None:
-        await router.serve(scope, receive, send)
-    elif kind == "http" and path == "/_bai/probe":
+        return
+    if path.startswith(router.PREFIX) and access.parse_host(_header(scope, b"host")) is None:
+        await router.serve(scope, receive, send)  # the router counts its own requests
+        return
+    if kind == "http" and path == "/_bai/probe":
         await probe.serve_probe(scope, receive, send)
-    else:
-        await _app(scope, receive, send)
+        return
+    tcp = kind == "websocket" and path.startswith("/_bai/tcp/")
+    outcome = "unanswered"
+
+    async def watching(message: dict[str, Any]) -> None:
+        nonlocal outcome
+        if message["type"] == "http.response.start":
+            outcome = f"{int(message['status']) // 100}xx"
+        elif message["type"] == "websocket.accept":
+            outcome = "accepted"
+        elif message["type"] == "websocket.close" and outcome == "unanswered":
+            outcome = "refused"
+        await send(message)
+
+    try:
+        await (_tcp if tcp else _app)(scope, receive, watching)
+    finally:
+        metrics.inc("bai_app_proxy_requests", kind="tcp" if tcp else kind, outcome=outcome)
 
 
 async def _refuse(scope: dict[str, Any], send: Any, status: int, title: str, text: str) -> None:

@@ -41,7 +41,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from agent import protocol
-from backendai_web.websockets import LoopDispatch
+from backendai_web.websockets import LoopDispatch, OpenSockets
 
 from . import reconcile
 
@@ -135,12 +135,14 @@ class _Work:
     chars: int = 0
 
 
-class AgentGatewayConsumer(LoopDispatch, AsyncJsonWebsocketConsumer):
+class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer):
     """Terminal output goes straight to the channels of the browser consumers that
     sent the terminal's commands (``reply``), not through the terminal's group:
     one direct send per frame, and none through Redis when the browser consumer
     is in this process. A terminal with no known consumer (e.g. after this
     connection replaced another) falls back to its group."""
+
+    socket_kind = "agent"
 
     agent_id: str | None = None
     group: str | None = None

@@ -99,6 +99,7 @@ def schedule_pass(*, group_id: int, now: datetime | None = None) -> PassResult:
             .order_by("created_at")
         )
         if not pending:
+            result.seconds = time.perf_counter() - started
             return result
         rejects = selectors.Rejects()
         snapshot = selectors.build_snapshot(group=group, now=now, pending=pending, rejects=rejects)

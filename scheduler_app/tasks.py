@@ -23,6 +23,8 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
+from backendai_web import metrics
+
 logger = logging.getLogger(__name__)
 
 _redis: redis.Redis | None = None
@@ -88,7 +90,12 @@ def schedule_group(resource_group_id: int | None) -> None:
     if not settings.CELERY_TASK_ALWAYS_EAGER:
         _flags().delete(_flag(resource_group_id))
     for group_id in services.schedulable_group_ids(resource_group_id):
-        services.schedule_pass(group_id=group_id)
+        result = services.schedule_pass(group_id=group_id)
+        # Counted once committed (schedule_pass returns after its commit).
+        metrics.observe("bai_scheduler_pass_seconds", result.seconds, group=result.group)
+        if result.placed_sessions:
+            metrics.inc("bai_scheduler_placed_sessions", result.placed_sessions, group=result.group)
+            metrics.inc("bai_scheduler_placed_kernels", result.placed_kernels, group=result.group)
 
 
 @shared_task(name="scheduler_app.tasks.schedule_all", ignore_result=True)

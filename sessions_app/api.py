@@ -162,9 +162,20 @@ class AsyncApiView(APIView):
 
     DRF's checks (authentication, permissions, throttles) may query the database:
     they run in the shared thread pool, which gives the connection back after.
-    The rest (parsing the body, the handler, errors, rendering) runs on the event
+    So does a handler's own ``checks_<method>(request, *args, **kwargs)``, when
+    the view has one, right after them in the same call (one thread hop and one
+    pooled connection a request, not one each); what it returns is
+    ``self.checked``. The rest (the handler, errors, rendering) runs on the event
     loop, where the ORM is not used; handlers reach it through ``loop.db``.
     """
+
+    checked: Any = None
+
+    def _checks(self, request: Request, method: str, *args: Any, **kwargs: Any) -> None:
+        self.initial(request, *args, **kwargs)
+        checks = getattr(self, f"checks_{method}", None)
+        if checks is not None:
+            self.checked = checks(request, *args, **kwargs)
 
     async def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         self.args, self.kwargs = args, kwargs
@@ -172,9 +183,11 @@ class AsyncApiView(APIView):
         self.request = request
         self.headers = self.default_response_headers
         try:
-            await db(self.initial)(request, *args, **kwargs)
             method = request.method.lower()
-            handler = getattr(self, method, None) if method in self.http_method_names else None
+            if method not in self.http_method_names:
+                method = ""  # no handler, no checks of one
+            await db(self._checks)(request, method, *args, **kwargs)
+            handler = getattr(self, method, None) if method else None
             response = (handler or self.http_method_not_allowed)(request, *args, **kwargs)
             if inspect.isawaitable(response):
                 response = await response
@@ -435,8 +448,8 @@ class SessionDetailSerializer(SessionOutputSerializer):
 
     @extend_schema_field(DependencySerializer(many=True))
     def get_dependencies(self, obj: Session) -> list[dict[str, Any]]:
-        """The sessions it waits for, by name (``depends_on`` has their ids)."""
-        deps = obj.depends_on.order_by("created_at")
+        """The sessions it waits for, by name (``depends_on`` has their ids), oldest first."""
+        deps = sorted(obj.depends_on.all(), key=lambda dep: dep.created_at)
         return DependencySerializer(deps, many=True).data
 
     def get_events(self, obj: Session) -> list[dict[str, Any]]:
@@ -469,7 +482,7 @@ class SessionListCreateApi(APIView):
     def post(self, request: Request) -> Response:
         # The shape is checked once, by the launch schema (launch.plan_launch).
         session = services.session_create(owner=request.user, spec=request.data)
-        session = selectors.get_session_for_user(user=request.user, session_id=session.pk)
+        session = selectors.get_session_detail_for_user(user=request.user, session_id=session.pk)
         return Response(SessionDetailSerializer(session).data, status=status.HTTP_201_CREATED)
 
 
@@ -575,7 +588,7 @@ class SessionPreviewApi(APIView):
 class SessionDetailApi(APIView):
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: str) -> Response:
-        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        session = selectors.get_session_detail_for_user(user=request.user, session_id=session_id)
         _touch(session, request)
         return Response(SessionDetailSerializer(session).data)
 
@@ -625,6 +638,12 @@ class ExecOutputSerializer(serializers.Serializer):
 
 
 class SessionExecuteApi(AsyncApiView):
+    # The body, the session and its state, checked where the request's token is.
+    def checks_post(
+        self, request: Request, session_id: str
+    ) -> tuple[execution.ExecRequest, execution.ExecTarget]:
+        return execution.execute_checks(user=request.user, session_id=session_id, body=request.data)
+
     @extend_schema(
         request={"application/json": openapi_schema(EXECUTE_SCHEMA)},
         responses={200: ExecOutputSerializer, **errors(409, 504)},
@@ -636,8 +655,9 @@ class SessionExecuteApi(AsyncApiView):
         "is still going). 504: the agent did not answer in time.",
     )
     async def post(self, request: Request, session_id: str) -> Response:
-        answer = await execution.execute(
-            user=request.user, session_id=session_id, body=request.data
+        exec_request, target = self.checked
+        answer = await execution.execute_checked(
+            user=request.user, request=exec_request, target=target
         )
         return Response(answer)
 
@@ -677,7 +697,7 @@ class SessionTerminateApi(APIView):
         )
         reason = data.validated_data.get("reason") or f"terminated by {who}"
         services.session_terminate(session=session, reason=reason)
-        session = selectors.get_session_for_user(user=request.user, session_id=session_id)
+        session = selectors.get_session_detail_for_user(user=request.user, session_id=session_id)
         return Response(SessionDetailSerializer(session).data)
 
 

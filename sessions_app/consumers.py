@@ -38,7 +38,7 @@ from django.conf import settings
 
 from agent import protocol
 from backendai_web.serve import code_run_limit
-from backendai_web.websockets import LoopDispatch
+from backendai_web.websockets import LoopDispatch, OpenSockets
 from bai_common.jsonlimits import lone_surrogate, nesting_beyond
 
 from . import execution, selectors, terminals
@@ -53,6 +53,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_NOT_READY = 4409
+# Seconds a terminal waits for the agent's gateway to take its open before asking again.
+TERM_OPEN_RETRY = 2.0
 CLOSE_GONE = 4410
 CLOSE_TOO_MANY = 4429
 
@@ -121,9 +123,11 @@ def _ping_answer(text_data: str | None) -> dict[str, Any]:
     return {"type": "error", "message": "only ping is understood here"}
 
 
-class SessionsConsumer(LoopDispatch, _Refusing, AsyncJsonWebsocketConsumer):
+class SessionsConsumer(LoopDispatch, OpenSockets, _Refusing, AsyncJsonWebsocketConsumer):
     """Pushes ``{"type": "sessions.changed", "sessions": [{id, kernel, status, reason}]}``
     for the user's own sessions (``live.session_changed``)."""
+
+    socket_kind = "sessions"
 
     group: str | None = None
 
@@ -206,7 +210,7 @@ class _Toucher:
 # --- logs ------------------------------------------------------------------
 
 
-class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class KernelLogsConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/kernels/<hostname-or-id>/logs/``.
 
     To the browser: ``{"type": "state", "live": bool, "kernel", "status", "message"}``
@@ -214,6 +218,8 @@ class KernelLogsConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsum
     kernel (or one without a live agent) the kept tail as one chunk and then
     ``{"type": "ended", "status", "reason"}``. The browser sends nothing but pings.
     """
+
+    socket_kind = "logs"
 
     stream_id: str | None = None
     agent_group: str | None = None
@@ -362,7 +368,7 @@ def _query(scope: dict[str, Any]) -> dict[str, str]:
     return dict(parse_qsl(raw, keep_blank_values=True))
 
 
-class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/terminal/?term=<uuid>&cols=80&rows=24``: a shell in main1.
 
     ``term`` is the browser tab's stable id (kept in its sessionStorage): the
@@ -379,6 +385,8 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     ``{"type": "closed", "reason"}``, ``{"type": "error", "message"}``.
     """
 
+    socket_kind = "terminal"
+
     term_id: str | None = None
     agent_group: str | None = None
     closed_by_agent = False
@@ -389,6 +397,8 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
     # Whose place (sessions_app.terminals) this terminal holds, and its renewal.
     place_holder: Any = None
     _renew_task: asyncio.Task[None] | None = None
+    _open_task: asyncio.Task[None] | None = None
+    _routed: asyncio.Event
 
     async def connect(self) -> None:
         user = _user(self.scope)
@@ -449,20 +459,37 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
         self.owner_group = protocol.user_group(session.owner_id)
         await self.channel_layer.group_add(self.owner_group, self.channel_name)
         await self.accept()
-        await self._agent(
-            {
-                "type": protocol.TERM_OPEN,
-                "term_id": self.term_id,
-                "kernel_id": str(main.pk),
-                "cols": size[0],
-                "rows": size[1],
-            }
+        self._routed = asyncio.Event()
+        self._open_task = asyncio.create_task(
+            self._open(
+                {
+                    "type": protocol.TERM_OPEN,
+                    "term_id": self.term_id,
+                    "kernel_id": str(main.pk),
+                    "cols": size[0],
+                    "rows": size[1],
+                },
+                str(tab),
+            )
         )
-        await self.send(text_data=json.dumps({"type": "ready", "term": str(tab)}))
         self.start_touching(session, user)
         logger.info(
             "terminal %s opened on session %s by user %s", self.term_id, session.pk, user.pk
         )
+
+    async def _open(self, command: dict[str, Any], tab: str) -> None:
+        """Open (or re-attach to) the shell, and say "ready" once the agent's gateway
+        has taken the command. A command sent to the agent's group while the agent
+        reconnects (its daphne died, or the balancer moved it) reaches no one: ask
+        again until a gateway answers, so a page never types into a shell nobody opened."""
+        while True:
+            await self._agent(command)
+            try:
+                await asyncio.wait_for(self._routed.wait(), TERM_OPEN_RETRY)
+                break
+            except TimeoutError:
+                logger.info("terminal %s: no gateway took the open yet; again", self.term_id)
+        await self.send(text_data=json.dumps({"type": "ready", "term": tab}))
 
     async def _renew_place(self, term_id: str) -> None:
         while True:
@@ -494,6 +521,7 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
                 self.gateway_channel = None
         elif event.get("ack") == self._via_group:
             self.gateway_channel = gateway
+            self._routed.set()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.term_id is None:
@@ -547,6 +575,9 @@ class TerminalConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer
         if self._renew_task is not None:
             self._renew_task.cancel()
             self._renew_task = None
+        if self._open_task is not None:
+            self._open_task.cancel()
+            self._open_task = None
         if self.term_id is None:
             return
         if not self.closed_by_agent:
@@ -623,7 +654,7 @@ def _exec_body(message: dict[str, Any]) -> dict[str, Any]:
     return {**body, "mode": kind}
 
 
-class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/execute/``: code runs in main1, its output streamed.
 
     The same requests, checks and history as the REST endpoint
@@ -637,6 +668,8 @@ class ExecuteConsumer(LoopDispatch, _Refusing, _Toucher, AsyncWebsocketConsumer)
     ``waiting-input`` result, more comes once ``input`` is sent), or ``{"type":
     "error", "message"}`` for a request refused (the stream stays open).
     """
+
+    socket_kind = "execute"
 
     target: execution.ExecTarget | None = None
     owner_group: str | None = None

@@ -14,7 +14,7 @@ leaves no row. Neither the code nor its output is kept.
 
 ``execute`` (REST) asks with ``stream: false`` and waits, on the event loop,
 for the one ``exec_result``: ``BAI_EXEC_FLUSH`` seconds and ``ANSWER_GRACE``
-more at most. The websocket (``consumers.ExecuteConsumer``) asks with ``stream:
+more at most, on the one reply channel the process keeps for these requests. The websocket (``consumers.ExecuteConsumer``) asks with ``stream:
 true`` and relays records as they come. Neither holds a thread or a database
 connection while it waits.
 """
@@ -22,9 +22,11 @@ connection while it waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -252,31 +254,86 @@ async def send_to_agent(target: ExecTarget, command: dict[str, Any], *, reply: s
     )
 
 
-async def _ask(target: ExecTarget, command: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-    """The agent's ``exec_result`` for ``command``, waited for on a channel of its own."""
-    layer = get_channel_layer()
-    reply = await layer.new_channel()
-    try:
-        await send_to_agent(target, command, reply=reply)
-        async with asyncio.timeout(timeout):
+class _Replies:
+    """The one reply channel of the REST requests of an event loop (so of a daphne
+    process), opened at the first request and kept: each request waits for the
+    answers to its own request id, which a single reader hands out. A channel a
+    request would cost a Redis subscribe and unsubscribe on every run's path.
+
+    Only main1's agent can answer a request: the gateway passes an agent's
+    answers on only for the request ids it sent that agent, so sharing the
+    channel lets no agent answer another's request, and an answer for a request
+    that stopped waiting (it timed out) is dropped here."""
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.channel: str | None = None
+        self.waiting: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self.opening = asyncio.Lock()
+        self.reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> str:
+        async with self.opening:
+            if self.channel is None or self.reader is None or self.reader.done():
+                self.channel = await self.layer.new_channel()
+                self.reader = asyncio.get_running_loop().create_task(self._read(self.channel))
+            return self.channel
+
+    async def _read(self, channel: str) -> None:
+        try:
             while True:
-                event = await layer.receive(reply)
-                if event.get("req_id") != command["req_id"]:
-                    continue
-                if event["type"] == protocol.GW_EXEC_LOST:
-                    raise AgentTimeout(f"{event['reason']}; try again", _run(command))
-                if event["type"] == protocol.GW_EXEC_RESULT:
-                    return event
+                event = await self.layer.receive(channel)
+                queue = self.waiting.get(event.get("req_id"))
+                if queue is not None:
+                    queue.put_nowait(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the next request opens a new channel
+            logger.warning("the reply channel %s failed", channel, exc_info=True)
+
+    @contextlib.asynccontextmanager
+    async def expect(self, req_id: str) -> AsyncIterator[tuple[str, asyncio.Queue[dict[str, Any]]]]:
+        """The reply channel to name in the command, and the queue its answers come on."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.waiting[req_id] = queue
+        try:
+            yield await self.open(), queue
+        finally:
+            del self.waiting[req_id]
+
+
+_replies: dict[tuple[asyncio.AbstractEventLoop, int], _Replies] = {}
+
+
+def _replies_here() -> _Replies:
+    layer = get_channel_layer()
+    key = (asyncio.get_running_loop(), id(layer))
+    replies = _replies.get(key)
+    if replies is None or replies.layer is not layer:
+        for old in [old for old in _replies if old[0].is_closed()]:
+            del _replies[old]
+        replies = _replies[key] = _Replies(layer)
+    return replies
+
+
+async def _ask(target: ExecTarget, command: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    """The agent's ``exec_result`` for ``command``, on the loop's reply channel."""
+    try:
+        async with _replies_here().expect(command["req_id"]) as (reply, answers):
+            await send_to_agent(target, command, reply=reply)
+            async with asyncio.timeout(timeout):
+                while True:
+                    event = await answers.get()
+                    if event["type"] == protocol.GW_EXEC_LOST:
+                        raise AgentTimeout(f"{event['reason']}; try again", _run(command))
+                    if event["type"] == protocol.GW_EXEC_RESULT:
+                        return event
     except TimeoutError:
         going = f"; run {command['run_id']} may still be going" if command["run_id"] else ""
         raise AgentTimeout(
             f"main1's agent did not answer within {timeout:g} s{going}; try again",
             _run(command),
         ) from None
-    finally:
-        delete_channel = getattr(layer, "delete_channel", None)
-        if delete_channel is not None:
-            await delete_channel(reply)
 
 
 def _run(command: dict[str, Any]) -> dict[str, Any]:
@@ -295,13 +352,29 @@ def answer_fields(answer: dict[str, Any]) -> dict[str, Any]:
 # --- REST ----------------------------------------------------------------------
 
 
+def execute_checks(
+    *, user: AbstractBaseUser, session_id: object, body: Any
+) -> tuple[ExecRequest, ExecTarget]:
+    """What ``execute`` checks before it asks the agent: the body (InvalidInput),
+    then the session (NotFound, Conflict). ORM work: call it off the event loop
+    (the API runs it in the thread that authenticated the request)."""
+    request = exec_request(body, max_code=settings.BAI_EXEC_MAX_CODE)
+    return request, exec_target(user=user, session_id=session_id)
+
+
 async def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[str, Any]:
     """Run (or continue, feed, interrupt, complete) code in a session's main1 and
     answer with what the agent gathered: ``{"status", "run_id", "exit_code",
     "records", "completions"?}``. InvalidInput, NotFound, Conflict (including the
     agent's refusals, in its words) or AgentTimeout otherwise."""
-    request = exec_request(body, max_code=settings.BAI_EXEC_MAX_CODE)
-    target = await db(exec_target)(user=user, session_id=session_id)
+    request, target = await db(execute_checks)(user=user, session_id=session_id, body=body)
+    return await execute_checked(user=user, request=request, target=target)
+
+
+async def execute_checked(
+    *, user: AbstractBaseUser, request: ExecRequest, target: ExecTarget
+) -> dict[str, Any]:
+    """``execute`` for a request that passed ``execute_checks``."""
     if target.owner_acts:
         touch_later(target.session_id)
     command = exec_command(target=target, request=request, stream=False)

@@ -36,6 +36,7 @@ __all__ = [
     "pending_refusal",
     "placement_shortage",
     "queued_behind",
+    "reason_class",
     "slot_order",
     "slot_value_refusal",
     "start_time_wait",
@@ -147,6 +148,36 @@ def queued_behind(session_id: str) -> str:
 
 def start_time_wait(starts_at: datetime) -> str:
     return f"starts at {starts_at.isoformat()}"
+
+
+# Why a session waits, as a few classes (the metrics' label): each wording above
+# begins with words no other begins with, so its class is read from its start.
+REASON_CLASSES = (
+    ("quota: ", "quota"),
+    ("waiting for dependencies", "dependencies"),
+    ("starts at ", "start_time"),
+    ("queued behind session ", "queued_behind"),
+    ("no agent alive and schedulable", "no_agent"),
+    ("pinned to agent", "pinned_agents"),
+    ("session type ", "session_type"),
+)
+
+
+def reason_class(reason: str) -> str:
+    """The class of a pending session's reason: one of ``REASON_CLASSES``'s, ``new``
+    (no pass has looked at it yet), ``too_big`` (no agent of its group could hold it
+    even empty), ``resources`` (it fits, but not in what is free now) or ``other``
+    (an agent selector's own words)."""
+    if not reason:
+        return "new"
+    for prefix, name in REASON_CLASSES:
+        if reason.startswith(prefix):
+            return name
+    if "has that much (the largest agent has" in reason or reason.endswith("is big enough"):
+        return "too_big"
+    if "needs " in reason and ("free" in reason or "containers fit on the free agents" in reason):
+        return "resources"
+    return "other"
 
 
 def slot_order(names: Iterable[str]) -> list[str]:

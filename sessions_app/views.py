@@ -8,16 +8,18 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views import defaults
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from bai_common import units
 
-from . import selectors, tokens
+from . import metrics, selectors, tokens
 from .api import SessionDetailSerializer, TemplateSerializer
 from .errors import NotFound
 from .models import Session, SessionTemplate
@@ -310,6 +312,28 @@ def folder_browse(request: HttpRequest, folder_id: int) -> HttpResponse:
 
 
 # --- error pages: HTML for people, the API's JSON under /api/ -------------------------
+
+
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    """The balancer's health check: this process answers and reaches its database."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return HttpResponse("ok\n", content_type="text/plain")
+
+
+@require_GET
+def metrics_page(request: HttpRequest) -> HttpResponse:
+    """Prometheus's text format; closed unless ``metrics.metrics_allowed`` says so."""
+    if not metrics.metrics_allowed(request):
+        if request.user.is_authenticated or request.headers.get("Authorization"):
+            return HttpResponse("Forbidden: admins and the metrics token only.\n", status=403)
+        response = HttpResponse("Log in as an admin or send the metrics token.\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.ManagerCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 def _is_api(request: HttpRequest) -> bool:

@@ -18,6 +18,7 @@ import os
 import resource
 import socket
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from agent import protocol
+from agent import metrics, protocol
 from agent.config import AgentConfig
 
 log = logging.getLogger(__name__)
@@ -270,7 +271,25 @@ class Backend(ABC):
 
     async def create_kernels(self, spec: dict[str, Any]) -> None:
         """Create the kernels of a ``create_kernels`` frame that are not there yet."""
-        await asyncio.gather(*(self._create_one(spec, k) for k in spec.get("kernels", [])))
+        await asyncio.gather(*(self._create_timed(spec, k) for k in spec.get("kernels", [])))
+
+    async def _create_timed(self, spec: dict[str, Any], kspec: dict[str, Any]) -> None:
+        started = time.monotonic()
+        known = kspec["kernel_id"] in self.kernels
+        try:
+            await self._create_one(spec, kspec)
+        except Exception:
+            metrics.ERRORS.labels("create").inc()
+            raise
+        state = self.kernels.get(kspec["kernel_id"])
+        if known or state is None:
+            return  # a repeated command, or one for a kernel destroyed before
+        failed = state.status == protocol.KR_ERROR
+        if failed:
+            metrics.ERRORS.labels("create").inc()
+        metrics.CREATE_SECONDS.labels("error" if failed else "ok").observe(
+            time.monotonic() - started
+        )
 
     def claim_kernel(self, spec: dict[str, Any], kspec: dict[str, Any]) -> KernelState | None:
         """The idempotent start of a create: None when the kernel was destroyed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
+from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.test import Client
 
 from agent import protocol
@@ -18,6 +18,24 @@ from sessions_app.models import Kernel, Session, Status
 # A page of the site itself: the Origin names the host (and port) the socket is opened on.
 ORIGIN = (b"origin", b"http://testserver")
 HOST = (b"host", b"testserver")
+
+
+async def http(method: str, path: str, token: str, body: bytes = b"") -> dict:
+    """One API request through the ASGI application, as a token's client sends it:
+    the ASGI response (``status``, ``headers``, ``body``)."""
+    comm = HttpCommunicator(
+        application,
+        method,
+        path,
+        body=body,
+        headers=[
+            HOST,
+            (b"authorization", f"Token {token}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    )
+    return await comm.get_response(timeout=30)
 
 
 def cookie_for(user) -> bytes:

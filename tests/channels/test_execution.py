@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import HttpCommunicator, WebsocketCommunicator
+from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 from agent import protocol
@@ -31,6 +31,7 @@ from .helpers import (
     active_since,
     browser,
     frame_of,
+    http,
     no_frame_of,
     refused,
     registered_agent,
@@ -54,19 +55,7 @@ def _path(session, what: str = "execute") -> str:
 async def call(method: str, path: str, token: str, body=None, *, raw: bytes | None = None):
     """One API request through the ASGI application: (status, JSON body)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
-    comm = HttpCommunicator(
-        application,
-        method,
-        path,
-        body=data,
-        headers=[
-            (b"host", b"testserver"),
-            (b"authorization", f"Token {token}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-        ],
-    )
-    response = await comm.get_response(timeout=30)
+    response = await http(method, path, token, data)
     return response["status"], json.loads(response["body"] or b"{}")
 
 
@@ -672,3 +661,29 @@ async def test_a_second_session_keeps_its_own_answers(running, alice, image, fak
     await answer(fake_agent, commands[str(running.pk)], records=[stdout("a")])
     assert (await first)[1]["records"] == [stdout("a")]
     assert (await second)[1]["records"] == [stdout("b")]
+
+
+async def test_rest_requests_share_one_reply_channel_and_a_late_answer_reaches_no_one(
+    running, alice, fake_agent, settings
+):
+    settings.BAI_EXEC_FLUSH = 0.05
+    execution.ANSWER_GRACE, grace = 0.2, execution.ANSWER_GRACE
+    token = await token_of(alice)
+    try:
+        gave_up = execute(running, token, {"mode": "query", "code": "1"})
+        late = await frame_of(fake_agent, protocol.EXEC)
+        assert (await gave_up)[0] == 504
+        replies = execution._replies_here()
+        channel = replies.channel
+        request = execute(running, token, {"mode": "continue", "run_id": late["run_id"]})
+        command = await frame_of(fake_agent, protocol.EXEC)
+        # The first request's answer comes after it stopped waiting: no one takes it.
+        await answer(fake_agent, late, records=[stdout("late")])
+        await answer(fake_agent, command, records=[stdout("mine")])
+        status, body = await request
+    finally:
+        execution.ANSWER_GRACE = grace
+    assert (status, body["records"]) == (200, [stdout("mine")])
+    # One subscription for every request of the process, and nothing left waiting.
+    assert channel is not None and replies.channel == channel
+    assert replies.waiting == {}

@@ -117,3 +117,4 @@ ensure_chromium() { apt_install /usr/bin/chromium chromium; }
 ensure_image_tools() { apt_install debootstrap debootstrap; apt_install /bin/busybox busybox-static; }
 # OpenSSH's sftp and scp: the SFTP session tests drive our server with the standard client.
 ensure_ssh_client() { apt_install /usr/bin/sftp openssh-client; apt_install /usr/bin/scp openssh-client; }
+ensure_haproxy() { apt_install haproxy haproxy; }

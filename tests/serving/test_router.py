@@ -1,12 +1,13 @@
 """The inference router (proxy_app/router.py) in this process, against real HTTP servers.
 
-The replicas are real HTTP/1.1 servers on loopback (python's threaded http.server), reached by a
-tunnel straight to their port (``tests.serving_double.loopback_tunnel``) instead of through an
-agent; serving_app's side (the endpoint's view, tokens, wake) is the double of
-``tests/serving_double.py``, installed by the ``serving`` fixture. The path through a real agent
-to real model containers is tests/docker/test_serve_router.py's.
+The endpoints, routes and tokens are real rows (``Endpoint``, ``Route`` to a RUNNING session's
+main kernel, ``EndpointToken``), read through serving_app's real selectors, and a request to an
+endpoint scaled to zero wakes it through ``serving_app.services.wake``. The replicas are real
+HTTP/1.1 servers on loopback (python's threaded http.server), reached by a tunnel straight to
+their port (``loopback_tunnel``, keyed by the replica's kernel id) instead of through an agent;
+the path through a real agent to real model containers is tests/docker/test_serving.py's.
 
-Personas: none; a caller is whoever holds (or lacks) an endpoint's token.
+Personas: ``alice`` owns the endpoints; a caller is whoever holds (or lacks) a token.
 """
 
 from __future__ import annotations
@@ -15,17 +16,21 @@ import asyncio
 import json
 import threading
 import time
-import uuid
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from asgiref.sync import SyncToAsync, sync_to_async
+from django.db import connections
 
 from proxy_app import router, tunnels
 from proxy_app.app import application
 from serving_app import metrics
-from tests.serving_double import ServingDouble, loopback_tunnel, route
+from serving_app.models import Endpoint, EndpointEvent, Route, RouteStatus
+from sessions_app.models import Kernel, Session, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
 
 HOST = b"apps.localhost:8001"
 
@@ -115,15 +120,134 @@ def replicas():
         replica.stop()
 
 
+class Serving:
+    """Endpoints as rows: each replica a RUNNING session whose main kernel a loopback
+    tunnel maps to a local port, and a HEALTHY route to it."""
+
+    def __init__(self, owner, image, group, agent) -> None:
+        self.owner, self.image, self.group, self.agent = owner, image, group, agent
+        self.ports: dict[str, int] = {}  # kernel id -> 127.0.0.1 port
+
+    def _replica(self, endpoint: Endpoint, port: int, ratio: float, route: Route | None) -> Route:
+        if route is None:
+            route = Route.objects.create(endpoint=endpoint, traffic_ratio=ratio)
+        session = Session.objects.create(
+            owner=self.owner,
+            name=f"serve-{route.pk}-{endpoint.name}",
+            session_type="inference",
+            image=self.image,
+            resource_group=self.group,
+            status=Status.RUNNING,
+        )
+        kernel = Kernel.objects.create(
+            id=session.pk,
+            session=session,
+            cluster_role="main",
+            cluster_idx=1,
+            local_rank=0,
+            cluster_hostname="main1",
+            image=self.image.reference,
+            agent=self.agent,
+            status=Status.RUNNING,
+        )
+        self.ports[str(kernel.pk)] = port
+        Route.objects.filter(pk=route.pk).update(session=session)
+        route.refresh_from_db()
+        route.transition(RouteStatus.HEALTHY)
+        return route
+
+    def _endpoint(self, name: str, *replicas: int | tuple[int, float], **fields: Any) -> Endpoint:
+        wanted = fields.pop("replicas", len(replicas))
+        endpoint = Endpoint.objects.create(
+            owner=self.owner,
+            name=name,
+            image=self.image,
+            resource_group=self.group,
+            replicas=wanted,
+            **{"status": "READY" if replicas else "PROVISIONING", "open_to_public": True, **fields},
+        )
+        for replica in replicas:
+            port, ratio = replica if isinstance(replica, tuple) else (replica, 1.0)
+            self._replica(endpoint, port, ratio, None)
+        return endpoint
+
+    async def endpoint(self, name: str, *replicas: int | tuple[int, float], **fields: Any):
+        """An endpoint with a HEALTHY route per replica (a loopback port, or (port, ratio))."""
+        return await sync_to_async(self._endpoint)(name, *replicas, **fields)
+
+    async def token(self, endpoint: Endpoint) -> str:
+        from serving_app.services import token_create
+
+        return (await sync_to_async(token_create)(endpoint=endpoint, user=self.owner))[1]
+
+    async def route_ids(self, endpoint: Endpoint) -> list[int]:
+        qs = Route.objects.filter(endpoint=endpoint).order_by("id").values_list("pk", flat=True)
+        return await sync_to_async(list)(qs)
+
+    def turn_healthy(self, endpoint: Endpoint, port: int) -> Route:
+        """What health checks do for a new replica (the reconciler's route), on ``port``."""
+        route = Route.objects.get(endpoint=endpoint, status=RouteStatus.PROVISIONING)
+        Session.objects.filter(pk=route.session_id).update(status=Status.RUNNING)
+        Kernel.objects.filter(session=route.session_id).update(
+            status=Status.RUNNING, agent=self.agent
+        )
+        self.ports[str(route.session_id)] = port  # main1's kernel id is the session's
+        route.transition(RouteStatus.HEALTHY)
+        return route
+
+
+async def loopback_tunnel(target: Any) -> Any:
+    """``tunnels.open_tunnel`` for replicas on this machine: 127.0.0.1:<the kernel's port>."""
+    from agent.protocol import TUNNEL_FAILED
+
+    port = serving_ports.get(str(target.kernel_id), target.app.port)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+
+        async def refused() -> dict[str, Any]:
+            return {"type": "websocket.disconnect", "code": TUNNEL_FAILED}
+
+        async def ignore(_event: dict[str, Any]) -> None:
+            return None
+
+        return tunnels.Tunnel(refused, ignore)
+
+    async def receive() -> dict[str, Any]:
+        data = await reader.read(64 * 1024)
+        if not data:
+            return {"type": "websocket.disconnect", "code": 1000}
+        return {"type": "websocket.receive", "bytes": data}
+
+    async def send(event: dict[str, Any]) -> None:
+        if event["type"] == "websocket.send":
+            writer.write(event["bytes"])
+            await writer.drain()
+        elif event["type"] == "websocket.close":
+            writer.close()
+
+    return tunnels.Tunnel(receive, send)
+
+
+serving_ports: dict[str, int] = {}
+
+
 @pytest.fixture
-def serving(monkeypatch, settings):
-    """serving_app's side of the contract as plain data; tunnels go straight to loopback."""
-    double = ServingDouble()
-    double.install(monkeypatch)
+def serving(monkeypatch, settings, alice, image, group, agent):
+    """Endpoint rows of alice's; the router's caches empty; tunnels straight to loopback."""
+    made = Serving(alice, image, group, agent)
+    serving_ports.clear()
+    made.ports = serving_ports
+    router.views.clear()
+    router.balancers.clear()
+    router._tokens.clear()
+    monkeypatch.setattr(router, "_recorder", None)
     monkeypatch.setattr(tunnels, "open_tunnel", loopback_tunnel)
     settings.BAI_SERVE_COLD_START_TIMEOUT = 5.0
-    yield double
+    yield made
     tunnels.pool._idle.clear()  # loopback tunnels of this test's loop, gone with it
+    # The ORM ran in sync_to_async's one thread: its connection must not outlive the test.
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
 
 
 def closed_port() -> int:
@@ -195,7 +319,7 @@ async def test_a_public_endpoint_answers_from_its_replica_below_the_endpoint_pat
     serving, replicas
 ) -> None:
     a = replicas("a")
-    serving.endpoint("iris", route(1, a.port))
+    await serving.endpoint("iris", a.port)
     status, headers, body = await call(
         "POST",
         "/serve/iris/predict?x=1",
@@ -221,45 +345,52 @@ async def test_unknown_endpoints_and_bare_names_are_answered_in_json(serving) ->
 
 async def test_a_private_endpoint_takes_its_own_token_only(serving, replicas) -> None:
     a = replicas("a")
-    private = serving.endpoint("private", route(1, a.port), public=False)
-    other = serving.endpoint("other", route(2, a.port), public=False)
-    serving.tokens = {private.endpoint_id: ["tok-private"], other.endpoint_id: ["tok-other"]}
+    private = await serving.endpoint("private", a.port, open_to_public=False)
+    other = await serving.endpoint("other", a.port, open_to_public=False)
+    tok_private, tok_other = await serving.token(private), await serving.token(other)
 
     status, headers, body = await call("GET", "/serve/private/x")
     assert status == 401 and b"Bearer" in json.loads(body)["message"].encode()
     assert headers[b"www-authenticate"].startswith(b"Bearer")
     status, _, body = await call(
-        "GET", "/serve/private/x", headers=[(b"authorization", b"Token tok-private")]
+        "GET", "/serve/private/x", headers=[(b"authorization", f"Token {tok_private}".encode())]
     )
     assert status == 401
     status, _, body = await call(
-        "GET", "/serve/private/x", headers=[(b"authorization", b"Bearer tok-other")]
+        "GET", "/serve/private/x", headers=[(b"authorization", f"Bearer {tok_other}".encode())]
     )
     assert status == 403 and json.loads(body) == {
         "message": "this token does not open this endpoint"
     }
     status, _, body = await call(
-        "GET", "/serve/private/x", headers=[(b"authorization", b"Bearer tok-private")]
+        "GET", "/serve/private/x", headers=[(b"authorization", f"Bearer {tok_private}".encode())]
     )
     assert status == 200 and json.loads(body)["replica"] == "a"
     assert a.hits["GET"] == 1, "refused callers never reached the replica"
 
 
-async def test_sequential_requests_alternate_over_equal_routes(serving, replicas) -> None:
+async def test_sequential_requests_alternate_over_equal_routes(
+    serving, replicas, monkeypatch
+) -> None:
     a, b = replicas("a"), replicas("b")
-    serving.endpoint("iris", route(1, a.port), route(2, b.port))
+    fetched: list[str] = []
+    real_view = router._router_view
+    monkeypatch.setattr(
+        router, "_router_view", lambda name: fetched.append(name) or real_view(name)
+    )
+    await serving.endpoint("iris", a.port, b.port)
     seen = Counter()
     for _ in range(40):
         status, _, body = await call("GET", "/serve/iris/whoami")
         assert status == 200
         seen[json.loads(body)["replica"]] += 1
     assert seen == {"a": 20, "b": 20}
-    assert serving.view_calls == 1, "the view is cached (<= 1 s) and fetched once"
+    assert fetched == ["iris"], "the view is cached (<= 1 s) and fetched once"
 
 
 async def test_traffic_ratios_share_sequential_traffic_in_proportion(serving, replicas) -> None:
     a, b = replicas("a"), replicas("b")
-    serving.endpoint("iris", route(1, a.port, ratio=1.0), route(2, b.port, ratio=0.25))
+    await serving.endpoint("iris", (a.port, 1.0), (b.port, 0.25))
     seen = Counter()
     for _ in range(50):
         _, _, body = await call("GET", "/serve/iris/whoami")
@@ -271,7 +402,7 @@ async def test_a_busy_route_is_passed_over_for_one_with_fewer_outstanding_reques
     serving, replicas
 ) -> None:
     a, b = replicas("a"), replicas("b")
-    serving.endpoint("iris", route(1, a.port), route(2, b.port))
+    await serving.endpoint("iris", a.port, b.port)
     held = asyncio.create_task(call("GET", "/serve/iris/hold"))  # takes a: first in turn
     while a.hits["GET"] + b.hits["GET"] == 0:
         await asyncio.sleep(0.01)
@@ -288,7 +419,7 @@ async def test_a_busy_route_is_passed_over_for_one_with_fewer_outstanding_reques
 
 async def test_concurrent_requests_spread_evenly(serving, replicas) -> None:
     a, b = replicas("a"), replicas("b")
-    serving.endpoint("iris", route(1, a.port), route(2, b.port))
+    await serving.endpoint("iris", a.port, b.port)
     answers = await asyncio.gather(*(call("GET", "/serve/iris/whoami") for _ in range(60)))
     seen = Counter(json.loads(body)["replica"] for _, _, body in answers)
     assert all(status == 200 for status, _, _ in answers)
@@ -299,7 +430,7 @@ async def test_an_idempotent_request_to_an_unreachable_replica_goes_to_another(
     serving, replicas
 ) -> None:
     b = replicas("b")
-    serving.endpoint("iris", route(1, closed_port()), route(2, b.port))
+    await serving.endpoint("iris", closed_port(), b.port)
     for method in ("GET", "PUT", "DELETE", "GET"):
         status, _, body = await call(method, "/serve/iris/x", body=b"same body")
         assert status == 200, body
@@ -319,7 +450,7 @@ async def test_a_503_from_a_replica_is_retried_for_get_and_passed_on_for_post(
     serving, replicas
 ) -> None:
     sick, well = replicas("sick", status=503), replicas("well")
-    serving.endpoint("iris", route(1, sick.port), route(2, well.port))
+    await serving.endpoint("iris", sick.port, well.port)
     for _ in range(4):
         status, _, body = await call("GET", "/serve/iris/whoami")
         assert status == 200 and json.loads(body)["replica"] == "well"
@@ -333,14 +464,14 @@ async def test_a_503_from_a_replica_is_retried_for_get_and_passed_on_for_post(
 
 async def test_a_single_replica_that_fails_is_not_retried_on_itself(serving, replicas) -> None:
     sick = replicas("sick", status=503)
-    serving.endpoint("iris", route(1, sick.port))
+    await serving.endpoint("iris", sick.port)
     status, _, body = await call("GET", "/serve/iris/whoami")
     assert status == 503 and json.loads(body)["replica"] == "sick"
     assert sick.hits["GET"] == 1
 
 
 async def test_no_healthy_replica_is_a_503_that_says_why(serving) -> None:
-    serving.endpoint(
+    await serving.endpoint(
         "broken",
         status="DEGRADED",
         status_reason="the replica failed to start 3 times: image not found",
@@ -352,50 +483,72 @@ async def test_no_healthy_replica_is_a_503_that_says_why(serving) -> None:
         "message": "endpoint 'broken' has no healthy replica: degraded: "
         "the replica failed to start 3 times: image not found"
     }
-    assert serving.wakes == []
+    assert await Endpoint.objects.aget(name="broken") is not None
+    assert not await EndpointEvent.objects.filter(kind="scale").aexists(), "nothing woke it"
 
 
 async def test_a_request_to_an_endpoint_scaled_to_zero_wakes_it_and_is_held_until_healthy(
     serving, replicas
 ) -> None:
     a = replicas("a")
-    view = serving.endpoint("sleepy", status="SCALED_TO_ZERO", replicas=0)
+    endpoint = await serving.endpoint(
+        "sleepy", status="SCALED_TO_ZERO", replicas=0, min_replicas=0, max_replicas=2
+    )
+    woken = threading.Event()
 
-    def wake(woken) -> None:  # the reconciler's part: a replica turns HEALTHY a moment later
-        def healthy() -> None:
-            time.sleep(0.6)
-            woken.routes = [route(1, a.port)]
-            woken.replicas, woken.status = 1, "READY"
+    def health_checks() -> None:
+        # What the reconciler's health checks do a moment after wake() has asked for a
+        # replica (and the reconciler, run by wake after commit, has made its route).
+        from django.db import connection
 
-        threading.Thread(target=healthy, daemon=True).start()
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if Route.objects.filter(endpoint=endpoint, status="PROVISIONING").exists():
+                    woken.set()
+                    time.sleep(0.6)
+                    serving.turn_healthy(endpoint, a.port)
+                    return
+                time.sleep(0.05)
+        finally:
+            connection.close()
 
-    serving.on_wake = wake
+    checker = threading.Thread(target=health_checks, daemon=True)
+    checker.start()
     t0 = time.monotonic()
     first, second = await asyncio.gather(
         call("GET", "/serve/sleepy/whoami"), call("GET", "/serve/sleepy/whoami")
     )
     held = time.monotonic() - t0
+    checker.join(5)
+    assert woken.is_set(), "wake() made the reconciler ask for a replica"
     assert first[0] == 200 and second[0] == 200, (first, second)
-    assert 0.5 < held < 3, held
-    assert serving.wakes[0] == (view.endpoint_id, "a request arrived while scaled to zero")
+    assert json.loads(first[2])["replica"] == "a"
+    assert 0.5 < held < 4, held
+    await endpoint.arefresh_from_db()
+    assert endpoint.replicas == 1
+    messages = [e.message async for e in EndpointEvent.objects.filter(endpoint=endpoint)]
+    assert "scaled 0 → 1: a request arrived while scaled to zero" in messages, messages
 
 
 async def test_a_held_request_gives_up_after_the_cold_start_timeout(serving, settings) -> None:
     settings.BAI_SERVE_COLD_START_TIMEOUT = 0.5
-    serving.endpoint("sleepy", status="SCALED_TO_ZERO", replicas=0)
+    endpoint = await serving.endpoint("sleepy", status="SCALED_TO_ZERO", replicas=0)
     t0 = time.monotonic()
     status, _, body = await call("GET", "/serve/sleepy/whoami")
-    assert status == 503 and 0.4 < time.monotonic() - t0 < 2
+    assert status == 503 and 0.4 < time.monotonic() - t0 < 4
+    # Woken: a replica is wanted and starting, but none turned healthy in time.
     assert json.loads(body) == {
-        "message": "endpoint 'sleepy' has no healthy replica: scaled to zero; "
-        "none became healthy within 0.5 s"
+        "message": "endpoint 'sleepy' has no healthy replica: its replicas are still starting "
+        "(provisioning); none became healthy within 0.5 s"
     }
-    assert len(serving.wakes) == 1
+    await endpoint.arefresh_from_db()
+    assert endpoint.replicas == 1 and endpoint.status == "PROVISIONING"
 
 
 async def test_server_sent_events_reach_the_caller_one_by_one(serving, replicas) -> None:
     a = replicas("a")
-    serving.endpoint("llm", route(1, a.port))
+    await serving.endpoint("llm", a.port)
     events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     request = asyncio.create_task(call("GET", "/serve/llm/sse", events=events))
     start = await asyncio.wait_for(events.get(), 5)
@@ -414,35 +567,33 @@ async def test_server_sent_events_reach_the_caller_one_by_one(serving, replicas)
 
 async def test_requests_are_recorded_per_route_in_the_metrics(serving, replicas) -> None:
     a, sick = replicas("a"), replicas("sick", status=500)
-    view = serving.endpoint(
-        "measured", route(1, a.port), route(2, sick.port), endpoint_id=str(uuid.uuid4())
-    )
+    endpoint = await serving.endpoint("measured", a.port, sick.port)
+    first, second = await serving.route_ids(endpoint)
+    endpoint_id = str(endpoint.pk)
     for _ in range(6):
         await call("POST", "/serve/measured/predict")
     await settled()
-    snap = await asyncio.to_thread(
-        metrics.snapshot, view.endpoint_id, window_s=5, now=time.time() + 1
-    )
-    assert snap["routes"][1]["rps"] == pytest.approx(3 / 5)
-    assert snap["routes"][1]["errors"] == 0 and snap["routes"][2]["errors"] == 3
-    assert snap["routes"][1]["p50_ms"] is not None
+    snap = await asyncio.to_thread(metrics.snapshot, endpoint_id, window_s=5, now=time.time() + 1)
+    assert snap["routes"][first]["rps"] == pytest.approx(3 / 5)
+    assert snap["routes"][first]["errors"] == 0 and snap["routes"][second]["errors"] == 3
+    assert snap["routes"][first]["p50_ms"] is not None
     assert snap["inflight"] == 0
 
     held = asyncio.create_task(call("GET", "/serve/measured/hold"))
     while not a.hits["GET"]:
         await asyncio.sleep(0.01)
     await settled()
-    snap = await asyncio.to_thread(metrics.snapshot, view.endpoint_id)
-    assert snap["inflight"] == 1 and snap["routes"][1]["inflight"] == 1
+    snap = await asyncio.to_thread(metrics.snapshot, endpoint_id)
+    assert snap["inflight"] == 1 and snap["routes"][first]["inflight"] == 1
     a.release.set()
     await held
     await settled()
-    assert (await asyncio.to_thread(metrics.snapshot, view.endpoint_id))["inflight"] == 0
+    assert (await asyncio.to_thread(metrics.snapshot, endpoint_id))["inflight"] == 0
 
 
 async def test_the_apps_own_hosts_are_not_the_router(serving, replicas) -> None:
     a = replicas("a")
-    serving.endpoint("iris", route(1, a.port))
+    await serving.endpoint("iris", a.port)
     scope_host = b"0123456789abcdef0123456789abcdef-jupyter.apps.localhost:8001"
     global HOST
     saved, HOST = HOST, scope_host

@@ -235,7 +235,7 @@ def snapshot(endpoint_id: str) -> dict | None:
     except ImportError:
         return None
     try:
-        return metrics.snapshot(endpoint_id, window_s=30)
+        return metrics.snapshot(endpoint_id, window_s=settings.BAI_SERVE_METRICS_WINDOW)
     except Exception:  # noqa: BLE001 - Redis away: no data, the pass goes on
         logger.warning("metrics of endpoint %s unavailable", endpoint_id, exc_info=True)
         return None

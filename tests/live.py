@@ -104,6 +104,7 @@ class LiveSystem:
             BAI_APPS_PORT=str(self.apps_port),
             BAI_APPS_ORIGIN=self.apps_origin,
             BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{self.apps_port}",
+            BAI_MANAGER_ORIGIN=self.url,
             **extra_env,
         )
         self.env = env

@@ -38,8 +38,8 @@ HOST = b"apps.localhost:8001"
 class Replica:
     """A real HTTP server on 127.0.0.1: answers who it is, and can be slow, fail or stream."""
 
-    def __init__(self, name: str, *, status: int = 200) -> None:
-        self.name, self.status = name, status
+    def __init__(self, name: str, *, status: int = 200, cors: bool = False) -> None:
+        self.name, self.status, self.cors = name, status, cors
         self.hits: Counter[str] = Counter()
         self.gate = threading.Event()  # the SSE stream's second event waits for it
         self.release = threading.Event()  # /hold waits for it
@@ -57,6 +57,9 @@ class Replica:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                if replica.cors:  # a model server that lets everyone in, with cookies
+                    self.send_header("Access-Control-Allow-Origin", "*")
+                    self.send_header("Access-Control-Allow-Credentials", "true")
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -602,3 +605,94 @@ async def test_the_apps_own_hosts_are_not_the_router(serving, replicas) -> None:
     finally:
         HOST = saved
     assert status == 403 and headers[b"content-type"].startswith(b"text/html")
+
+
+MANAGER = "http://127.0.0.1:8000"
+
+
+async def test_the_managers_origin_gets_a_preflight_answer_without_a_token(
+    serving, replicas, settings
+) -> None:
+    settings.BAI_MANAGER_ORIGIN = [MANAGER]
+    a = replicas("a")
+    await serving.endpoint("iris", a.port, open_to_public=False)
+    status, headers, _ = await call(
+        "OPTIONS",
+        "/serve/iris/predict",
+        headers=[
+            (b"origin", MANAGER.encode()),
+            (b"access-control-request-method", b"POST"),
+            (b"access-control-request-headers", b"authorization,content-type"),
+        ],
+    )
+    assert status == 204
+    assert headers[b"access-control-allow-origin"] == MANAGER.encode()
+    assert b"POST" in headers[b"access-control-allow-methods"]
+    allowed = {h.strip() for h in headers[b"access-control-allow-headers"].split(b",")}
+    assert {b"authorization", b"content-type"} <= allowed
+    assert b"access-control-allow-credentials" not in headers
+    assert headers[b"vary"] == b"Origin"
+    assert a.hits["OPTIONS"] == 0, "a preflight never reaches a replica"
+
+
+@pytest.mark.parametrize(
+    ("origin", "asked"),
+    [
+        (b"http://evil.example", b"authorization"),
+        (b"http://apps.localhost:8001", b"authorization"),  # the apps' own origin is not it
+        (MANAGER.encode(), b"authorization, x-api-key"),  # headers the box never sends
+    ],
+)
+async def test_other_origins_and_headers_are_refused_at_preflight(
+    serving, replicas, settings, origin, asked
+) -> None:
+    settings.BAI_MANAGER_ORIGIN = [MANAGER]
+    await serving.endpoint("iris", replicas("a").port)
+    status, headers, body = await call(
+        "OPTIONS",
+        "/serve/iris/predict",
+        headers=[
+            (b"origin", origin),
+            (b"access-control-request-method", b"POST"),
+            (b"access-control-request-headers", asked),
+        ],
+    )
+    assert status == 403 and json.loads(body)["message"].startswith("CORS preflight refused")
+    assert b"access-control-allow-origin" not in headers
+
+
+async def test_answers_to_the_managers_origin_carry_its_origin_and_never_credentials(
+    serving, replicas, settings
+) -> None:
+    settings.BAI_MANAGER_ORIGIN = [MANAGER]
+    a = replicas("a", cors=True)
+    endpoint = await serving.endpoint("iris", a.port, open_to_public=False)
+    token = await serving.token(endpoint)
+    from_page = [(b"origin", MANAGER.encode()), (b"content-type", b"application/json")]
+
+    status, headers, body = await call(
+        "POST",
+        "/serve/iris/predict",
+        headers=[*from_page, (b"authorization", f"Bearer {token}".encode())],
+        body=b"{}",
+    )
+    assert status == 200 and json.loads(body)["replica"] == "a"
+    assert headers[b"access-control-allow-origin"] == MANAGER.encode()
+    assert b"access-control-allow-credentials" not in headers, "the replica's is dropped"
+
+    # The page reads why it was refused, too.
+    status, headers, body = await call("POST", "/serve/iris/predict", headers=from_page)
+    assert status == 401 and headers[b"access-control-allow-origin"] == MANAGER.encode()
+
+    # Any other origin gets no CORS header at all, not even the replica's "*".
+    status, raw_headers, _ = await call(
+        "POST",
+        "/serve/iris/predict",
+        headers=[
+            (b"origin", b"http://evil.example"),
+            (b"authorization", f"Bearer {token}".encode()),
+        ],
+        body=b"{}",
+    )
+    assert status == 200
+    assert not any(k.startswith(b"access-control-") for k in raw_headers)

@@ -64,8 +64,8 @@ MAX_CACHED = 10_000  # entries of each per-process cache before it is emptied
 
 
 # --------------------------------------------------------------------------- serving_app
-# The router's only ways into serving_app (sync; called through sync_to_async). Tests put
-# doubles here; imported late so that the proxy starts without the serving tables.
+# The router's only ways into serving_app (sync; called through sync_to_async); imported late
+# so that the proxy starts without the serving tables.
 
 
 def _router_view(name: str) -> Any:

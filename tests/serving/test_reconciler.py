@@ -234,9 +234,7 @@ def test_a_rule_scales_up_records_the_metric_value_and_waits_its_cooldown(
     assert endpoint.replicas == 3
 
 
-def test_rules_stay_within_their_and_the_endpoints_bounds(
-    make_endpoint, agent, probes, traffic
-):
+def test_rules_stay_within_their_and_the_endpoints_bounds(make_endpoint, agent, probes, traffic):
     endpoint = make_endpoint(replicas=1, max_replicas=2)
     _rule(endpoint, step=5, cooldown=1)
     _serving(endpoint, agent)

@@ -173,13 +173,9 @@ def _routes(endpoint, status: str = "HEALTHY") -> list:
 
 
 def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+    from tests.live import wait_for
+
+    return wait_for(predicate, timeout=timeout, what=what)
 
 
 def _post_replica(apps_port: int, token: str) -> str:

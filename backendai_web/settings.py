@@ -9,6 +9,7 @@ database URL and ALLOWED_HOSTS, and enables the secure-cookie/HSTS settings
 that `manage.py check --deploy` asks for.
 """
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -242,6 +243,8 @@ BAI_SERVE_START_TIMEOUT = env_int("BAI_SERVE_START_TIMEOUT", 180, minimum=1)
 # Where the reconciler reaches the apps proxy for health checks (default: the
 # http form of BAI_APPS_TUNNEL_URL).
 BAI_SERVE_PROBE_URL = env_str("BAI_SERVE_PROBE_URL", "")
+# Seconds of the router's metrics the autoscaling rules and scale to zero look at.
+BAI_SERVE_METRICS_WINDOW = env_int("BAI_SERVE_METRICS_WINDOW", 30, minimum=1, maximum=60)
 
 # --- login, tokens, content security policy --------------------------------
 # Failed logins per user name and client address before that pair is refused
@@ -344,6 +347,19 @@ CONTENT_SECURITY_POLICY["DIRECTIVES"]["connect-src"] = [SELF, BAI_APPS_ORIGIN]
 BAI_APPS_TUNNEL_URL = env_str("BAI_APPS_TUNNEL_URL", f"ws://127.0.0.1:{BAI_APPS_PORT}")
 BAI_APP_LINK_TTL = env_int("BAI_APP_LINK_TTL", 60, minimum=5)
 BAI_APP_COOKIE_TTL = env_int("BAI_APP_COOKIE_TTL", 12 * 3600, minimum=60)
+# The manager's own origin(s), as the browser names them (scheme://host:port, comma-separated):
+# the only origins the inference router answers cross-origin requests from (the Serving page's
+# "try it" box; never with credentials). Default: where scripts/run serves (BAI_PORT) on loopback.
+_manager_port = env_int("BAI_PORT", 8000, minimum=1, maximum=65535)
+BAI_MANAGER_ORIGIN = env_list(
+    "BAI_MANAGER_ORIGIN",
+    [f"http://{name}:{_manager_port}" for name in ("127.0.0.1", "localhost", *_bind_names)],
+)
+for _origin in BAI_MANAGER_ORIGIN:
+    if not re.fullmatch(r"https?://[^/\s?#@]+", _origin):
+        raise ImproperlyConfigured(
+            f"BAI_MANAGER_ORIGIN: {_origin!r} is not an origin (scheme://host[:port], no path)"
+        )
 # The inference router (/serve/<endpoint>/ on the apps origin): how long a request to an
 # endpoint scaled to zero is held while its first replica starts.
 BAI_SERVE_COLD_START_TIMEOUT = env_float(

@@ -515,6 +515,22 @@ def serve_scale(endpoint: str, replicas: int, as_json: bool) -> None:
         click.echo(f"{detail['name']}: {detail['replicas']} replica(s) wanted; {detail['status']}")
 
 
+@serve.command("token")
+@click.argument("endpoint")
+@json_option
+def serve_token(endpoint: str, as_json: bool) -> None:
+    """A new caller token of ENDPOINT, printed this once (callers send it as
+    ``Authorization: Bearer <token>``)."""
+    client = _client()
+    token = _api(
+        lambda: client.call("POST", f"endpoints/{_endpoint_id(client, endpoint)}/tokens/", {})
+    )
+    if as_json:
+        output.echo_json(token)
+    else:
+        click.echo(token["token"])
+
+
 @serve.command("delete")
 @click.argument("endpoint", nargs=-1, required=True)
 def serve_delete(endpoint: tuple[str, ...]) -> None:

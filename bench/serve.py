@@ -13,15 +13,18 @@ this process (asyncio, kept-alive HTTP/1.1 connections, h11):
    latency p50 and p99 (target: at most 3 ms added to p50);
 2. the same with ``--clients`` concurrent callers for a fixed number of requests:
    requests/s (target: at least 70 % of direct);
-3. the time from an autoscaling threshold being crossed to the new replica serving
-   (target: within 10 s) -- PLACEHOLDER, needs core's reconciler (see ``scale_up_time``);
-4. the cold start from zero: the first request to an endpoint scaled to zero, until it is
-   answered (target: within 5 s) -- PLACEHOLDER, needs core's reconciler (``cold_start_time``).
+3. the time from an autoscaling threshold being crossed to the new replica serving (target:
+   within 10 s): a rule ``rps_per_replica gt <threshold>`` on the endpoint, ``--clients``
+   callers through the router; t0 is the moment ``serving_app.metrics.snapshot`` (the
+   reconciler's view, over ``BAI_SERVE_METRICS_WINDOW``) first shows the value over the
+   threshold, t1 the first answer that names a second replica;
+4. the cold start from zero (target: within 5 s): the endpoint scaled to 0 and its replica
+   gone, then one ``POST /predict`` through the router, held until a replica is healthy and
+   answered; three times, median and max.
 
-Until core's serving_app lands, the router's view of the endpoint (its one HEALTHY route, its
-token) comes from tests/serving_double.py, served by ``tests.serving_double_asgi`` in the proxy
-process (``bench_endpoint``); after the merge, ``bench_endpoint`` creates a real Endpoint and
-the proxy is ``proxy_app.asgi:application``. Everything else is the real path.
+The endpoint is a real ``Endpoint`` (private, a real token), the proxy the real
+``proxy_app.asgi:application`` and serving_app's reconciler runs in this process every
+``RECONCILE_EVERY`` seconds, as beat would (health checks every second through the proxy).
 
 Not part of the test run. Prints the figures, the ratios and the conditions.
 """
@@ -44,10 +47,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
 import h11  # noqa: E402
 import streams  # noqa: E402
-from streams import Stack, launch, pct  # noqa: E402
+from streams import Stack, pct  # noqa: E402
 
 BODY = json.dumps({"instances": [[5.1, 3.5, 1.4, 0.2]]}).encode()
-TOKEN = "bench-endpoint-token"  # noqa: S105  (the double's token; a real one after the merge)
+RECONCILE_EVERY = 1.0  # seconds between reconciler passes (BAI_SERVE_RECONCILE_INTERVAL=1)
+WINDOW_S = 5  # BAI_SERVE_METRICS_WINDOW of this run
 
 
 class Client:
@@ -136,48 +140,152 @@ async def throughput(target: Target, clients: int, total: int) -> float:
     return total / elapsed
 
 
-def bench_endpoint(double_file: Path, session: dict) -> None:
-    """The endpoint the router serves: one HEALTHY route to the replica session, private.
+class Reconciler:
+    """serving_app's reconciler every RECONCILE_EVERY seconds in a thread (beat's part)."""
 
-    Before the merge: the double's data (tests/serving_double.py). AFTER THE MERGE, replace with a
-    real Endpoint (open_to_public False), one HEALTHY Route to ``session`` and an EndpointToken
-    whose plain text is TOKEN, and start the proxy as ``proxy_app.asgi:application``."""
-    from sessions_app import kernel_images
-    from tests.serving_double import ServingDouble, route
+    def __init__(self) -> None:
+        import threading
 
-    kernel = session["kernels"][0]
-    double = ServingDouble()
-    view = double.endpoint(
-        "iris",
-        route(
-            1,
-            kernel_images.SKLEARN_SERVE_PORT,
-            kernel_id=str(kernel["id"]),
-            agent_id=kernel["agent"],
-        ),
-        public=False,
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        from serving_app import reconcile
+
+        while not self.stop.wait(RECONCILE_EVERY):
+            for endpoint_id in reconcile.endpoint_ids():
+                try:
+                    reconcile.reconcile_endpoint(endpoint_id)
+                except Exception as exc:  # noqa: BLE001 - report and go on, as a worker does
+                    print(f"  reconciler: {exc!r}")
+        connection.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _routes(endpoint, status: str = "HEALTHY") -> list:
+    return list(endpoint.routes.filter(status=status).order_by("id"))
+
+
+def _wait(predicate, timeout: float, what: str):
+    from tests.live import wait_for
+
+    return wait_for(predicate, timeout=timeout, what=what)
+
+
+def _post_replica(apps_port: int, token: str) -> str:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{apps_port}/serve/bench/predict",
+        data=BODY,
+        headers={
+            "Host": f"apps.localhost:{apps_port}",
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+        },
+        method="POST",
     )
-    double.tokens = {view.endpoint_id: [TOKEN]}
-    double.save(double_file)
+    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())["replica"]
 
 
-def scale_up_time() -> str:
-    """PLACEHOLDER (after the merge): seconds from a rule's threshold being crossed to the new
-    replica serving. Sketch: an endpoint with replicas=1, max 2, a rule ``rps_per_replica gt X``
-    (cooldown 1 s); drive > X requests/s with ``throughput``-style callers through the router;
-    note t0 when ``serving_app.metrics.snapshot`` first shows rps over X, then poll
-    ``/serve/iris/predict`` until an answer names a second replica (``replica`` field); print
-    the difference (target <= 10 s)."""
-    return "not measured yet: needs core's reconciler and rules (fill in after the merge)"
+def scale_up_time(endpoint, routed: Target, apps_port: int, token: str, clients: int, rps: float):
+    """Seconds from the rule's threshold being crossed (as the reconciler sees the metrics)
+    to the first answer from a second replica, with the rule's trigger and the new route's
+    health on the way; under ``clients`` callers through the router."""
+    import threading
+
+    from serving_app import metrics, services
+    from serving_app.models import EndpointEvent
+
+    threshold = round(rps / 3, 1)  # well under what the callers drive through one replica
+    services.rule_create(
+        endpoint=endpoint,
+        data={
+            "metric": "rps_per_replica",
+            "comparator": "gt",
+            "threshold": threshold,
+            "step": 1,
+            "cooldown": 600,
+            "max_replicas": 2,
+        },
+    )
+    first = _post_replica(apps_port, token)
+    stop = threading.Event()
+
+    async def drive() -> None:
+        conns = [await routed.client() for _ in range(clients)]
+
+        async def caller(conn: Client) -> None:
+            while not stop.is_set():
+                await conn.post(routed.path)
+
+        await asyncio.gather(*(caller(c) for c in conns))
+        for conn in conns:
+            conn.close()
+
+    load = threading.Thread(target=lambda: asyncio.run(drive()), daemon=True)
+    load.start()
+    try:
+        _wait(
+            lambda: (
+                metrics.snapshot(str(endpoint.pk), window_s=WINDOW_S)["rps"] > threshold
+                and time.time()
+            ),
+            60,
+            "the threshold to be crossed",
+        )
+        t0 = time.monotonic()
+        triggered = _wait(
+            lambda: EndpointEvent.objects.filter(endpoint=endpoint, data__to=2).first(),
+            60,
+            "the rule to fire",
+        )
+        t_rule = time.monotonic() - t0
+        _wait(lambda: len(_routes(endpoint)) == 2, 60, "the new replica's health check")
+        t_healthy = time.monotonic() - t0
+        _wait(lambda: _post_replica(apps_port, token) != first, 30, "an answer from it")
+        t_serving = time.monotonic() - t0
+    finally:
+        stop.set()
+        load.join(60)
+    return {
+        "threshold": threshold,
+        "value": triggered.data.get("value"),
+        "rule": t_rule,
+        "healthy": t_healthy,
+        "serving": t_serving,
+    }
 
 
-def cold_start_time() -> str:
-    """PLACEHOLDER (after the merge): seconds from the first request to an endpoint scaled to
-    zero (min_replicas 0, replicas 0, status SCALED_TO_ZERO) to its answer, which the router holds
-    while ``serving_app.services.wake`` and the reconciler start a replica (target <= 5 s).
-    Sketch: scale the bench endpoint to 0, wait for its route to go, then time one
-    ``Client.post('/serve/iris/predict')``; repeat 3 times, print the median and max."""
-    return "not measured yet: needs core's reconciler (fill in after the merge)"
+def cold_start_times(endpoint, apps_port: int, token: str, runs: int = 3) -> list[float]:
+    """Seconds from the first request to an endpoint scaled to zero (its replicas gone)
+    until its answer, which the router holds while wake() and the reconciler start one."""
+    from django.contrib.auth.models import User
+
+    from serving_app import services
+
+    owner = User.objects.get(pk=endpoint.owner_id)
+    services.endpoint_update(endpoint=endpoint, user=owner, data={"min_replicas": 0, "rules": []})
+    times = []
+    for _ in range(runs):
+        services.endpoint_scale(endpoint=endpoint, user=owner, replicas=0)
+        _wait(
+            lambda: (
+                not endpoint.routes.exists()
+                and type(endpoint).objects.get(pk=endpoint.pk).status == "SCALED_TO_ZERO"
+            ),
+            90,
+            "the replicas to go",
+        )
+        t0 = time.monotonic()
+        _post_replica(apps_port, token)
+        times.append(time.monotonic() - t0)
+    return times
 
 
 def _wait_ready(url: str, deadline_s: float = 90) -> None:
@@ -198,53 +306,69 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument(
-        "--proxy",
-        default="tests.serving_double_asgi:application",
-        help="the apps proxy's ASGI application (proxy_app.asgi:application after the merge)",
-    )
     args = parser.parse_args()
 
-    from sessions_app import kernel_images
-
+    # This process runs the reconciler (and the services it calls) as a worker would.
+    os.environ.update(
+        CELERY_TASK_ALWAYS_EAGER="true",
+        BAI_SERVE_METRICS_WINDOW=str(WINDOW_S),
+        BAI_SERVE_UNHEALTHY_AFTER="2",
+    )
     apps_port = streams.apps_environment()
     ids = streams.setup_database()
-    from sessions_app.models import Image
+    from django.conf import settings
+    from django.contrib.auth.models import User
+
+    from backendai_web.env import persistent_secret
+    from serving_app import services
+    from serving_app.models import Endpoint
+    from sessions_app import kernel_images
+    from sessions_app.models import Image, Kernel
 
     Image.objects.get_or_create(reference=kernel_images.SKLEARN_SERVE_IMAGE)
     kernel_images.build_sklearn_serve()  # an engine hit when current; else from the cache
+    user = User.objects.get(username="bench")
+    for old in Endpoint.objects.filter(name="bench"):
+        services.endpoint_delete(endpoint=old, user=user)
     stack = Stack(ids["agent_token"])
-    proxy = None
+    proxy = reconciler = None
     try:
-        session = launch(
-            stack,
-            ids["token"],
-            {
-                "image": kernel_images.SKLEARN_SERVE_IMAGE,
-                "ports": [kernel_images.SKLEARN_SERVE_PORT],
-                "resources": {"cpu": 1, "mem": "1g"},
-                "startup_command": kernel_images.SKLEARN_SERVE_COMMAND,
-            },
-        )
-        double_file = stack.tmp / "serving.json"
-        bench_endpoint(double_file, session)
+        # The health checks this process signs must open in the proxy: the same key.
+        settings.SECRET_KEY = persistent_secret(stack.tmp / "var" / "secret_key")
         proxy = streams.subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
-            + [args.proxy],
+            + ["proxy_app.asgi:application"],
             cwd=streams.ROOT,
             env={
                 **os.environ,
                 "LOG_LEVEL": "WARNING",
                 "BAI_VAR_DIR": str(stack.tmp / "var"),
                 "BAI_CHANNEL_PREFIX": stack.prefix,
-                "BAI_TEST_SERVING_DOUBLE": str(double_file),
             },
             stdout=open(stack.tmp / "apps.log", "w"),  # noqa: SIM115
             stderr=streams.subprocess.STDOUT,
         )
+        endpoint = services.endpoint_create(
+            owner=user,
+            data={
+                "name": "bench",
+                "image": kernel_images.SKLEARN_SERVE_IMAGE,
+                "start_command": kernel_images.SKLEARN_SERVE_COMMAND,
+                "port": kernel_images.SKLEARN_SERVE_PORT,
+                "health_interval": 1,
+                "resources": {"cpu": "1", "mem": "1g"},
+                "replicas": 1,
+                "min_replicas": 1,
+                "max_replicas": 2,
+            },
+        )
+        _, token = services.token_create(endpoint=endpoint, user=user)
+        reconciler = Reconciler()
+        (route,) = _wait(lambda: _routes(endpoint), 120, "the replica to turn healthy")
+        kernel = Kernel.objects.get(session_id=route.session_id, cluster_role="main")
         import docker
 
-        container = docker.from_env().containers.get(session["kernels"][0]["container_id"])
+        container = docker.from_env().containers.get(kernel.container_id)
         ip = next(
             n["IPAddress"]
             for n in container.attrs["NetworkSettings"]["Networks"].values()
@@ -258,8 +382,8 @@ def main() -> None:
             "127.0.0.1",
             apps_port,
             origin,
-            "/serve/iris/predict",
-            [("authorization", f"Bearer {TOKEN}")],
+            "/serve/bench/predict",
+            [("authorization", f"Bearer {token}")],
         )
         direct = Target("direct", ip, port, f"{ip}:{port}", "/predict")
 
@@ -272,13 +396,17 @@ def main() -> None:
                 "rps": asyncio.run(throughput(target, args.clients, args.requests)),
             }
         d, r = results["direct"], results["router"]
+        up = scale_up_time(endpoint, routed, apps_port, token, args.clients, r["rps"])
+        cold = sorted(cold_start_times(endpoint, apps_port, token))
         print(f"inference router vs direct ({time.strftime('%Y-%m-%d')})")
         print(
             f"  conditions: {os.cpu_count()} cores, {platform.platform()}, Python "
             f"{platform.python_version()}; one daphne for the apps proxy, one Docker agent; "
             f"replica: uvicorn (1 worker) + scikit-learn in {kernel_images.SKLEARN_SERVE_IMAGE}, "
             f"1 cpu; POST /predict with one instance; {args.requests} sequential requests, "
-            f"then {args.requests} shared by {args.clients} concurrent kept-alive callers"
+            f"then {args.requests} shared by {args.clients} concurrent kept-alive callers; "
+            f"reconciler every {RECONCILE_EVERY:g} s, health checks every 1 s, metrics window "
+            f"{WINDOW_S} s"
         )
         print(f"  {'':28} {'direct':>10} {'router':>10} {'router/direct':>14}")
         for label, key in (
@@ -289,9 +417,20 @@ def main() -> None:
             print(f"  {label:28} {d[key]:10.2f} {r[key]:10.2f} {r[key] / d[key]:14.2f}")
         print(f"  added to p50: {r['p50'] - d['p50']:.2f} ms (target <= 3 ms)")
         print(f"  router requests/s: {r['rps'] / d['rps']:.0%} of direct (target >= 70 %)")
-        print(f"  threshold crossed -> new replica serving: {scale_up_time()}")
-        print(f"  cold start from zero: {cold_start_time()}")
+        print(
+            f"  threshold crossed (rps_per_replica > {up['threshold']}) -> new replica serving: "
+            f"{up['serving']:.1f} s (rule fired after {up['rule']:.1f} s at value "
+            f"{up['value']}, replica healthy after {up['healthy']:.1f} s; target <= 10 s)"
+        )
+        print(
+            f"  cold start from zero (first request held until answered), {len(cold)} runs: "
+            f"median {cold[len(cold) // 2]:.2f} s, max {cold[-1]:.2f} s (target <= 5 s)"
+        )
     finally:
+        if reconciler is not None:
+            reconciler.close()
+        for old in Endpoint.objects.filter(name="bench"):
+            services.endpoint_delete(endpoint=old, user=user)
         if proxy is not None and proxy.poll() is None:
             proxy.terminate()
             proxy.wait(10)

@@ -19,6 +19,12 @@ and connection pool as the apps (``forward.exchange``):
   request to an endpoint whose replicas are still provisioning).
 - **Streaming**: responses go on a chunk at a time as the replica sends them (server-sent
   events pass unbuffered).
+- **CORS**: the Serving page's "try it" box calls the router from the manager's origin with a
+  bearer token and no credentials. A preflight (OPTIONS with ``Access-Control-Request-Method``)
+  from an origin in ``BAI_MANAGER_ORIGIN`` is answered here (no token needed, nothing reaches a
+  replica); every answer to such an origin carries ``Access-Control-Allow-Origin`` for it, and
+  none ever allows credentials. The router owns these headers: a replica's own
+  ``Access-Control-Allow-*`` headers are dropped, so no other origin is ever let in.
 - **Metrics**: in-flight counts and each request's latency and outcome per route
   (``serving_app.metrics.Recorder``: counted in memory, written to Redis twice a second).
 
@@ -58,8 +64,8 @@ MAX_CACHED = 10_000  # entries of each per-process cache before it is emptied
 
 
 # --------------------------------------------------------------------------- serving_app
-# The router's only ways into serving_app (sync; called through sync_to_async). Tests put
-# doubles here; imported late so that the proxy starts without the serving tables.
+# The router's only ways into serving_app (sync; called through sync_to_async); imported late
+# so that the proxy starts without the serving tables.
 
 
 def _router_view(name: str) -> Any:
@@ -100,6 +106,70 @@ async def _json(
         }
     )
     await send({"type": "http.response.body", "body": data})
+
+
+# --------------------------------------------------------------------------- CORS
+
+CORS_METHODS = b"GET, POST, PUT, DELETE, HEAD, OPTIONS"
+CORS_HEADERS = frozenset({"authorization", "content-type", "accept"})
+CORS_MAX_AGE = b"600"
+VARY_ORIGIN = (b"vary", b"Origin")
+
+
+def _cors_origin(scope: dict[str, Any]) -> bytes | None:
+    """The caller's Origin when it is the manager's own (the only one let in), else None."""
+    for key, value in scope["headers"]:
+        if key == b"origin":
+            return value if value.decode("latin-1") in settings.BAI_MANAGER_ORIGIN else None
+    return None
+
+
+def _header_value(scope: dict[str, Any], name: bytes) -> bytes | None:
+    return next((v for k, v in scope["headers"] if k == name), None)
+
+
+async def _preflight(scope: dict[str, Any], send: Any, origin: bytes | None) -> None:
+    """Answer a CORS preflight: allowed for the manager's origin and the try-it box's headers."""
+    asked = (_header_value(scope, b"access-control-request-headers") or b"").decode("latin-1")
+    unknown = {h.strip().lower() for h in asked.split(",") if h.strip()} - CORS_HEADERS
+    if origin is None or unknown:
+        why = "this origin may not call endpoints" if origin is None else "headers not allowed"
+        await _json(send, 403, {"message": f"CORS preflight refused: {why}"}, (VARY_ORIGIN,))
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 204,
+            "headers": [
+                (b"access-control-allow-origin", origin),
+                (b"access-control-allow-methods", CORS_METHODS),
+                (b"access-control-allow-headers", b"authorization, content-type, accept"),
+                (b"access-control-max-age", CORS_MAX_AGE),
+                VARY_ORIGIN,
+                (b"cache-control", b"no-store"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _with_cors(send: Any, origin: bytes | None) -> Any:
+    """``send`` with the router's CORS headers on the response's start (and a replica's gone)."""
+
+    async def cors_send(event: dict[str, Any]) -> None:
+        if event["type"] == "http.response.start":
+            headers = [
+                (k, v)
+                for k, v in event.get("headers", ())
+                if not k.lower().startswith(b"access-control-allow-")
+            ]
+            headers.append(VARY_ORIGIN)
+            if origin is not None:
+                headers.append((b"access-control-allow-origin", origin))
+            event = {**event, "headers": headers}
+        await send(event)
+
+    return cors_send
 
 
 # --------------------------------------------------------------------------- the view, cached
@@ -341,6 +411,11 @@ async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()  # websocket.connect
         await send({"type": "websocket.close", "code": 4404})
         return
+    origin = _cors_origin(scope)
+    if scope["method"] == "OPTIONS" and _header_value(scope, b"access-control-request-method"):
+        await _preflight(scope, send, origin)
+        return
+    send = _with_cors(send, origin)
     if not name or not slash:
         if name and not slash:  # /serve/<name>: the endpoint's root is /serve/<name>/
             location = f"{PREFIX}{name}/".encode()

@@ -235,7 +235,7 @@ def snapshot(endpoint_id: str) -> dict | None:
     except ImportError:
         return None
     try:
-        return metrics.snapshot(endpoint_id, window_s=30)
+        return metrics.snapshot(endpoint_id, window_s=settings.BAI_SERVE_METRICS_WINDOW)
     except Exception:  # noqa: BLE001 - Redis away: no data, the pass goes on
         logger.warning("metrics of endpoint %s unavailable", endpoint_id, exc_info=True)
         return None
@@ -264,8 +264,21 @@ def _autoscale(endpoint: Endpoint, now: datetime) -> None:
     ):
         Endpoint.objects.filter(pk=endpoint.pk).update(last_request_at=now)
         endpoint.last_request_at = now
-    last = max(t for t in (endpoint.last_request_at, endpoint.scaled_at, endpoint.created_at) if t)
-    if policy.idle_for_zero(
+    # The idle clock starts once a replica serves: an endpoint still starting (woken by a
+    # request the router holds until a replica is healthy) is never idle.
+    healthy_since = (
+        endpoint.routes.filter(status=R.HEALTHY)
+        .order_by("-status_changed_at")
+        .values_list("status_changed_at", flat=True)
+        .first()
+    )
+    starting = healthy_since is None
+    last = max(
+        t
+        for t in (endpoint.last_request_at, endpoint.scaled_at, endpoint.created_at, healthy_since)
+        if t
+    )
+    if not starting and policy.idle_for_zero(
         min_replicas=endpoint.min_replicas,
         replicas=endpoint.replicas,
         busy=busy,

@@ -104,6 +104,7 @@ class LiveSystem:
             BAI_APPS_PORT=str(self.apps_port),
             BAI_APPS_ORIGIN=self.apps_origin,
             BAI_APPS_TUNNEL_URL=f"ws://127.0.0.1:{self.apps_port}",
+            BAI_MANAGER_ORIGIN=self.url,
             **extra_env,
         )
         self.env = env
@@ -131,10 +132,9 @@ class LiveSystem:
     def apps_origin(self) -> str:
         return f"http://apps.localhost:{self.apps_port}"
 
-    def start_apps(self, asgi: str = "proxy_app.asgi:application", **extra_env: str) -> LiveSystem:
+    def start_apps(self, **extra_env: str) -> LiveSystem:
         """The apps proxy (proxy_app) on its own port, as scripts/run starts it.
 
-        ``asgi`` names another application to serve (the router tests' double of serving_app);
         ``extra_env`` adds to its environment."""
         self.apps_log = open(self.tmp_path / "apps.log", "wb")  # noqa: SIM115
         self.apps = subprocess.Popen(
@@ -146,7 +146,7 @@ class LiveSystem:
                 "127.0.0.1",
                 "-p",
                 str(self.apps_port),
-                asgi,
+                "proxy_app.asgi:application",
             ],
             cwd=ROOT,
             env={**self.env, **extra_env},

@@ -6,8 +6,7 @@ see or touch them by any path (404); ``admin`` sees and manages every one.
 
 from __future__ import annotations
 
-import sys
-import types
+import time
 
 import pytest
 
@@ -42,41 +41,25 @@ def make_endpoint(alice, endpoint_data):
     return make
 
 
-class FakeMetrics(types.ModuleType):
-    """Stands in for serving_app.metrics (the router helper's module) until it lands:
-    the same four functions, fed by the test."""
-
-    def __init__(self) -> None:
-        super().__init__("serving_app.metrics")
-        self.snapshots: dict[str, dict] = {}
-
-    def snapshot(self, endpoint_id, window_s=30):
-        return self.snapshots.get(
-            str(endpoint_id), {"routes": {}, "rps": 0.0, "p95_ms": 0.0, "inflight": 0}
-        )
-
-    def series(self, endpoint_id, seconds=300):
-        return [{"t": 0, "rps": 0.0, "p95_ms": 0.0}]
-
-    def record(self, endpoint_id, route_id, latency_s, ok):
-        pass
-
-    def inflight(self, endpoint_id, route_id, delta):
-        pass
-
-
 @pytest.fixture
-def fake_metrics(monkeypatch):
-    """A fake serving_app.metrics when the real one has not landed; the real one's
-    snapshot patched to the test's figures when it has."""
-    import serving_app
+def traffic():
+    """``traffic(endpoint, rps=..., inflight=...)``: requests as the router records them, in
+    the real ``serving_app.metrics`` (Redis): ``rps`` x 30 requests ended two seconds ago (the
+    reconciler reads a 30-second window) and ``inflight`` requests still open on one route."""
+    from serving_app import metrics
 
-    fake = FakeMetrics()
-    try:
-        import serving_app.metrics as real  # noqa: F401
-    except ImportError:
-        monkeypatch.setitem(sys.modules, "serving_app.metrics", fake)
-        monkeypatch.setattr(serving_app, "metrics", fake, raising=False)
-    else:
-        monkeypatch.setattr(real, "snapshot", fake.snapshot)
-    return fake
+    opened: list[tuple[str, int, int]] = []
+
+    def make(endpoint, *, rps: float = 0.0, inflight: int = 0) -> None:
+        endpoint_id = str(endpoint.pk)
+        route_id = endpoint.routes.order_by("id").values_list("pk", flat=True).first() or 0
+        when = time.time() - 2
+        for _ in range(round(rps * 30)):
+            metrics.record(endpoint_id, route_id, 0.003, True, now=when)
+        if inflight:
+            metrics.inflight(endpoint_id, route_id, inflight)
+            opened.append((endpoint_id, route_id, inflight))
+
+    yield make
+    for endpoint_id, route_id, count in opened:
+        metrics.inflight(endpoint_id, route_id, -count)

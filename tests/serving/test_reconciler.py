@@ -3,8 +3,9 @@ inference, model folder read-only), health moving routes HEALTHY ⇄ UNHEALTHY a
 unhealthy replica replaced, bounded start retries then DEGRADED, autoscaling rules
 with cooldowns and bounds, scale to zero, and every change in the history.
 
-Health checks and metrics are stood in for here (``health.check_all`` patched;
-``fake_metrics``); tests/serving/test_serving_docker.py runs the real ones."""
+Health checks are stood in for here (``health.check_all`` patched; tests/docker/test_serving.py
+runs the real ones); metrics are the real ones in Redis, written as the router writes them
+(the ``traffic`` fixture)."""
 
 from __future__ import annotations
 
@@ -209,17 +210,12 @@ def _serving(endpoint, agent):
 
 
 def test_a_rule_scales_up_records_the_metric_value_and_waits_its_cooldown(
-    make_endpoint, agent, probes, fake_metrics
+    make_endpoint, agent, probes, traffic
 ):
     endpoint = make_endpoint(replicas=1)
     rule = _rule(endpoint, cooldown=60)
     _serving(endpoint, agent)
-    fake_metrics.snapshots[str(endpoint.pk)] = {
-        "routes": {},
-        "rps": 41.2,
-        "p95_ms": 3.0,
-        "inflight": 2,
-    }
+    traffic(endpoint, rps=41.2, inflight=2)
     _run(endpoint)
     assert endpoint.replicas == 2
     event = EndpointEvent.objects.filter(endpoint=endpoint, kind="scale").last()
@@ -238,37 +234,25 @@ def test_a_rule_scales_up_records_the_metric_value_and_waits_its_cooldown(
     assert endpoint.replicas == 3
 
 
-def test_rules_stay_within_their_and_the_endpoints_bounds(
-    make_endpoint, agent, probes, fake_metrics
-):
+def test_rules_stay_within_their_and_the_endpoints_bounds(make_endpoint, agent, probes, traffic):
     endpoint = make_endpoint(replicas=1, max_replicas=2)
     _rule(endpoint, step=5, cooldown=1)
     _serving(endpoint, agent)
-    fake_metrics.snapshots[str(endpoint.pk)] = {
-        "routes": {},
-        "rps": 100,
-        "p95_ms": 3.0,
-        "inflight": 0,
-    }
+    traffic(endpoint, rps=100, inflight=0)
     _run(endpoint)
     assert endpoint.replicas == 2
 
 
-def test_a_scale_down_rule_never_takes_the_last_replica(make_endpoint, agent, probes, fake_metrics):
+def test_a_scale_down_rule_never_takes_the_last_replica(make_endpoint, agent, probes, traffic):
     endpoint = make_endpoint(replicas=2, min_replicas=0)
     _rule(endpoint, comparator="lt", threshold=1, step=-4, cooldown=1)
     _serving(endpoint, agent)
-    fake_metrics.snapshots[str(endpoint.pk)] = {
-        "routes": {},
-        "rps": 0.2,
-        "p95_ms": 3.0,
-        "inflight": 1,
-    }
+    traffic(endpoint, rps=0.2, inflight=1)
     _run(endpoint)
     assert endpoint.replicas == 1
 
 
-def test_cpu_rules_say_there_is_no_data_once(make_endpoint, agent, probes, fake_metrics):
+def test_cpu_rules_say_there_is_no_data_once(make_endpoint, agent, probes, traffic):
     endpoint = make_endpoint(replicas=1)
     rule = _rule(endpoint, metric="cpu_util", threshold=0.8)
     _serving(endpoint, agent)
@@ -281,7 +265,7 @@ def test_cpu_rules_say_there_is_no_data_once(make_endpoint, agent, probes, fake_
 
 
 def test_an_idle_endpoint_with_min_zero_scales_to_zero_and_wakes(
-    make_endpoint, agent, probes, fake_metrics, settings
+    make_endpoint, agent, probes, traffic, settings
 ):
     from serving_app import services
 
@@ -308,16 +292,11 @@ def test_an_idle_endpoint_with_min_zero_scales_to_zero_and_wakes(
     assert "scaled 0 → 1: a request arrived while scaled to zero" in _messages(endpoint, "scale")
 
 
-def test_traffic_keeps_an_endpoint_awake(make_endpoint, agent, probes, fake_metrics, settings):
+def test_traffic_keeps_an_endpoint_awake(make_endpoint, agent, probes, traffic, settings):
     settings.BAI_SERVE_IDLE_TIMEOUT = 60
     endpoint = make_endpoint(replicas=1, min_replicas=0)
     _serving(endpoint, agent)
-    fake_metrics.snapshots[str(endpoint.pk)] = {
-        "routes": {},
-        "rps": 0.5,
-        "p95_ms": 3.0,
-        "inflight": 0,
-    }
+    traffic(endpoint, rps=0.5, inflight=0)
     _run(endpoint, now=timezone.now() + timedelta(seconds=120))
     assert endpoint.replicas == 1 and endpoint.last_request_at is not None
 

@@ -65,6 +65,8 @@ def manager(monkeypatch):
             return [{"created_at": "t", "kind": "scale", "message": "scaled 1 → 2: rps"}]
         if path.endswith("/scale/"):
             return {**ENDPOINT, "replicas": body["replicas"]}
+        if path.endswith("/tokens/") and method == "POST":
+            return {"id": 1, "prefix": "0123abcd", "token": "bai_0123abcdplain"}
         if method == "DELETE":
             return None
         return ENDPOINT
@@ -111,3 +113,10 @@ def test_list_show_scale_and_delete_name_an_endpoint_by_name(manager):
     assert ("DELETE", f"endpoints/{ENDPOINT_ID}/", None, {}) in manager
     missing = runner.invoke(main, ["serve", "show", "nope"])
     assert missing.exit_code == 1 and "no endpoint named 'nope'" in missing.output
+
+
+def test_token_prints_a_new_caller_token_once(manager):
+    made = CliRunner().invoke(main, ["serve", "token", "iris"])
+    assert made.exit_code == 0, made.output
+    assert made.output == "bai_0123abcdplain\n"
+    assert ("POST", f"endpoints/{ENDPOINT_ID}/tokens/", {}, {}) in manager

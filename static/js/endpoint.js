@@ -4,7 +4,7 @@
 // "try it" box that calls the router URL with a token, tokens and rules.
 // Refreshed every 2 s. Test hooks: window.endpointReady, window.tryResult.
 
-import { api, badge, el, fmtStamp } from "./common.js";
+import { api, badge, el, fmtMem, fmtStamp } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const id = JSON.parse($("endpoint-id").textContent);
@@ -31,7 +31,7 @@ function facts(e) {
     ["Model folder", e.model_folder ? `${e.model_folder} (read-only)` : "none"],
     ["Start command", el("code", {}, e.start_command || "the image's default")],
     ["Replicas", `${e.replicas} wanted · min ${e.min_replicas} · max ${e.max_replicas}`],
-    ["Per replica", `${e.resources.cpu ?? "?"} CPU · ${e.resources.mem ?? "?"} memory · port ${e.port} · health ${e.health_path}`],
+    ["Per replica", `${e.resources.cpu ?? "?"} CPU · ${e.resources.mem === undefined ? "?" : fmtMem(e.resources.mem)} memory · port ${e.port} · health ${e.health_path}`],
     ["Resource group", e.resource_group],
   ];
   $("ep-facts").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));

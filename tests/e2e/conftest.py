@@ -107,10 +107,16 @@ def apps_port() -> int:
 
 
 @pytest.fixture
-def live_env(settings, channel_prefix, tmp_path, apps_port) -> dict[str, str]:
+def live_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def live_env(settings, channel_prefix, tmp_path, apps_port, live_port) -> dict[str, str]:
     """The environment of the live server and of the apps proxy."""
     return server_environment(
         settings,
+        BAI_MANAGER_ORIGIN=f"http://127.0.0.1:{live_port}",
         BAI_CHANNEL_PREFIX=channel_prefix,
         BAI_VAR_DIR=str(tmp_path / "var"),
         BAI_AGENT_HEARTBEAT_INTERVAL="1",
@@ -121,7 +127,7 @@ def live_env(settings, channel_prefix, tmp_path, apps_port) -> dict[str, str]:
 
 
 @pytest.fixture
-def live_server_url(transactional_db, live_env, tmp_path) -> str:
+def live_server_url(transactional_db, live_env, live_port, tmp_path) -> str:
     """daphne in a subprocess on 127.0.0.1, over this test's database.
 
     Celery runs eagerly there as here, so a session created through a page is
@@ -130,7 +136,7 @@ def live_server_url(transactional_db, live_env, tmp_path) -> str:
     from django.db import connection
 
     db = connection.settings_dict
-    port = free_port()
+    port = live_port
     env = live_env
     if "postgresql" not in db["ENGINE"]:
         pytest.skip("the live server shares the test database: run on PostgreSQL")

@@ -55,6 +55,7 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
     live_server_url,
     login,
     shot,
+    tmp_path,
 ):
     from sessions_app import kernel_images
     from sessions_app.models import Image
@@ -69,7 +70,11 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
         reference=kernel_images.SKLEARN_SERVE_IMAGE,
         defaults={"display_name": "Iris classifier"},
     )
+    # The reconciler runs here: it signs its health probes as the apps proxy expects.
+    from backendai_web.env import persistent_secret
+
     settings.BAI_SERVE_PROBE_URL = f"http://127.0.0.1:{apps_port}"
+    settings.SECRET_KEY = persistent_secret(tmp_path / "var" / "secret_key")
 
     page = login("alice")
     page.click("nav.topnav >> text=Serving")
@@ -111,6 +116,7 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
     assert result["status"] == 200, result
     assert json.loads(result["text"])["predictions"] == ["setosa", "virginica"]
     assert "HTTP 200" in page.inner_text("#try-meta")
+    page.evaluate("window.scrollTo(0, 0)")  # else the sticky bar lands mid-page in the picture
     shot(page, "endpoint-answered", full_page=True)
 
     other = login("bob", screenshot=False)

@@ -99,17 +99,21 @@ async def forward_http(
     if b"content-length" not in names and (body or more):
         headers.append((b"transfer-encoding", b"chunked"))
     request = h11.Request(method=scope["method"], target=_target(scope), headers=headers)
-    await tunnel.write(conn.send(request))
+    # What is at hand goes in one frame: the head, the body's first event and, when that
+    # was all of it, the end (a request with its whole body is one frame, one agent write).
+    out = conn.send(request)
     while True:
         if body:
-            await tunnel.write(conn.send(h11.Data(data=body)))
+            out += conn.send(h11.Data(data=body))
         if not more:
             break
+        await tunnel.write(out)
         event = await receive()
         if event["type"] == "http.disconnect":
             raise UpstreamError("the browser went away")
         body, more = event.get("body", b""), event.get("more_body", False)
-    await tunnel.write(conn.send(h11.EndOfMessage()))
+        out = b""
+    await tunnel.write(out + conn.send(h11.EndOfMessage()))
     await _relay_response(conn, send, tunnel)
     return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not conn.trailing_data[0]
 
@@ -142,8 +146,9 @@ async def exchange(
 
 async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> None:
     started = False
+    ahead: Any = None  # an event already taken from ``conn`` (see h11.Data below)
     while True:
-        event = conn.next_event()
+        event, ahead = (conn.next_event() if ahead is None else ahead), None
         if event is h11.NEED_DATA:
             data = await tunnel.read()
             if data is None and not started:
@@ -165,7 +170,16 @@ async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> No
             )
             started = True
         elif isinstance(event, h11.Data):
+            # The response's end, when it is already at hand, goes with this chunk: one send
+            # instead of two. Nothing is waited for: a chunk goes on as soon as it came.
+            ahead = conn.next_event()
+            if isinstance(ahead, h11.EndOfMessage | h11.ConnectionClosed):
+                last = {"type": "http.response.body", "body": bytes(event.data), "more_body": False}
+                await send(last)
+                return
             await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
+            if ahead is h11.NEED_DATA:
+                ahead = None
         elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return

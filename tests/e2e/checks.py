@@ -53,9 +53,7 @@ class OwnOriginGuard:
         """Also allow the live apps proxy's per-app origins
         (``<session hex>-<app>.apps.localhost:<port>``) and its bare host, where the
         inference router serves ``/serve/<endpoint>/``; nothing else."""
-        self.apps_host = re.compile(
-            rf"(?:[0-9a-f]{{32}}-[a-z][a-z0-9-]*\.)?apps\.localhost:{port}"
-        )
+        self.apps_host = re.compile(rf"(?:[0-9a-f]{{32}}-[a-z][a-z0-9-]*\.)?apps\.localhost:{port}")
 
     def is_foreign(self, url: str) -> bool:
         parts = urlsplit(url)

@@ -307,11 +307,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # JSON Schema 2020-12, as the launch spec is written (propertyNames, type lists).
     "OAS_VERSION": "3.1.0",
-    # Three lists of statuses: a session's, a code run's answer and a recorded run's.
+    # Three lists of statuses: a session's, a code run's answer and a recorded run's; and
+    # two of folder permissions.
     "ENUM_NAME_OVERRIDES": {
         "StatusEnum": "sessions_app.models.Status",
         "ExecStatusEnum": "agent.protocol.EXEC_STATUSES",
         "RunStatusEnum": "sessions_app.models.RunStatus",
+        # A share's permission, and the caller's access to a folder (a share's, or its owner's).
+        "FolderPermissionEnum": "sessions_app.models.FolderPermission",
+        "FolderAccessEnum": [("owner", "owner"), ("rw", "read-write"), ("ro", "read-only")],
     },
 }
 

@@ -105,6 +105,20 @@ def farm(transactional_db, settings, channel_prefix, tmp_path, group, kernel_ima
         yield farm
     finally:
         farm.run("down")
+        _remove_containers_of_this_tests_sessions()
+
+
+def _remove_containers_of_this_tests_sessions() -> None:
+    """The farm's agent stops with the farm and leaves its kernels' containers: remove them."""
+    import docker
+
+    from sessions_app.models import Session
+
+    client = docker.from_env()
+    for session_id in _db(lambda: list(Session.objects.values_list("pk", flat=True))):
+        label = f"ai.backend.session_id={session_id}"
+        for container in client.containers.list(all=True, filters={"label": label}):
+            container.remove(force=True)
 
 
 @pytest.fixture

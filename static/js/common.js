@@ -270,6 +270,24 @@ export function el(spec, attrs = {}, ...children) {
   return node;
 }
 
+/** The page's #status and #error lines: `say` shows the one, `fail` the other. */
+export function pageNotices(statusId = "status", errorId = "error") {
+  const status = document.getElementById(statusId);
+  const error = document.getElementById(errorId);
+  return {
+    say(text) {
+      error.hidden = true;
+      status.textContent = text;
+      status.hidden = false;
+    },
+    fail(text) {
+      status.hidden = true;
+      error.textContent = text;
+      error.hidden = false;
+    },
+  };
+}
+
 export function badge(status) {
   return el(`span.badge.s-${status}`, { "data-status": status }, status);
 }

@@ -4,24 +4,14 @@
 // "try it" box that calls the router URL with a token, tokens and rules.
 // Refreshed every 2 s. Test hooks: window.endpointReady, window.tryResult.
 
-import { api, badge, el, fmtMem, fmtStamp } from "./common.js";
+import { api, badge, el, fmtMem, fmtStamp, pageNotices } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const id = JSON.parse($("endpoint-id").textContent);
 let ep = null;
 const charts = {};
 
-function say(text) {
-  $("error").hidden = true;
-  $("status").textContent = text;
-  $("status").hidden = false;
-}
-
-function fail(text) {
-  $("status").hidden = true;
-  $("error").textContent = text;
-  $("error").hidden = false;
-}
+const { say, fail } = pageNotices();
 
 function facts(e) {
   const rows = [

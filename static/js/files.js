@@ -5,7 +5,7 @@
 // make directories, rename and delete. A read-only share shows no writes.
 // Test hooks: window.filesReady (the listing drawn), window.uploadsDone (count).
 
-import { ApiError, api, csrfToken, el, fmtMem, fmtStamp, readJSON } from "./common.js";
+import { api, ApiError, csrfToken, el, fmtMem, fmtStamp, pageNotices, readJSON } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const folderId = readJSON("folder-id");
@@ -17,17 +17,7 @@ window.uploadsDone = 0;
 const join = (...parts) => parts.filter(Boolean).join("/");
 const q = (p) => `?path=${encodeURIComponent(p)}`;
 
-function say(text) {
-  $("error").hidden = true;
-  $("status").textContent = text;
-  $("status").hidden = false;
-}
-
-function fail(text) {
-  $("status").hidden = true;
-  $("error").textContent = text;
-  $("error").hidden = false;
-}
+const { say, fail } = pageNotices();
 
 // --- the listing --------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 // system sessions on a set of ticked folders, with how to connect.
 // Test hooks: window.foldersReady, window.sftpState[sessionId] = the last info.
 
-import { api, badge, el, fmtMem, isEnded, wireDialog } from "./common.js";
+import { api, badge, el, fmtMem, isEnded, pageNotices, wireDialog } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const PERMISSION = { owner: "own", rw: "read-write", ro: "read-only" };
@@ -13,17 +13,7 @@ let sharing = null; // the folder whose share dialog is open
 const polls = new Map(); // SFTP session id → timer
 window.sftpState = {};
 
-function say(text) {
-  $("error").hidden = true;
-  $("status").textContent = text;
-  $("status").hidden = false;
-}
-
-function fail(text) {
-  $("status").hidden = true;
-  $("error").textContent = text;
-  $("error").hidden = false;
-}
+const { say, fail } = pageNotices();
 
 // --- the list --------------------------------------------------------------------
 

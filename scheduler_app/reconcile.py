@@ -33,6 +33,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from agent import protocol
+from backendai_web import redis as shared_redis
 from sessions_app import live
 from sessions_app import services as session_services
 from sessions_app import slots as slotlib
@@ -435,16 +436,8 @@ def gateway_listening_key() -> str:
     return f"bai:gateway-listening:{settings.DATABASES['default']['NAME']}"
 
 
-_redis_clients: dict[str, redis.Redis] = {}
-
-
 def _redis() -> redis.Redis:
-    client = _redis_clients.get(settings.REDIS_URL)
-    if client is None:
-        client = _redis_clients[settings.REDIS_URL] = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
-        )
-    return client
+    return shared_redis.client(timeout=2)
 
 
 def gateway_listening_beat(*, now: float | None = None) -> None:

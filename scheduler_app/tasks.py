@@ -24,17 +24,13 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from backendai_web import metrics
+from backendai_web import redis as shared_redis
 
 logger = logging.getLogger(__name__)
 
-_redis: redis.Redis | None = None
-
 
 def _flags() -> redis.Redis:
-    global _redis
-    if _redis is None:
-        _redis = redis.Redis.from_url(settings.REDIS_URL)
-    return _redis
+    return shared_redis.client()
 
 
 def _flag_prefix() -> str:

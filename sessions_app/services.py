@@ -15,7 +15,7 @@ import shutil
 import stat
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,6 +27,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agent import protocol
+from backendai_web import redis as shared_redis
 from bai_common import units
 
 from . import folder_files, live, selectors
@@ -396,14 +397,30 @@ def folder_share_revoke(*, folder: DataFolder, username: str) -> None:
 # --- files in folders -------------------------------------------------------------
 
 
+UPLOAD_LEDGER_PREFIX = "bai:folder-writes:"
+UPLOAD_LEDGER_TTL = 24 * 3600
+
+
+def _upload_ledger_key(owner_id: int) -> str:
+    return f"{shared_redis.keyed(UPLOAD_LEDGER_PREFIX)}{owner_id}"
+
+
 @dataclass(frozen=True)
 class UploadAllowance:
-    """How many bytes an upload may write: ``None`` when the owner has no byte quota."""
+    """How many bytes an upload may write: ``None`` when the owner has no byte quota.
+
+    ``used`` is what the owner's folders held when the upload began. Uploads running at
+    the same time (other tabs, other processes) all add what they write to the owner's
+    ledger in Redis, which only grows; ``mark`` is its value at the start, so an upload
+    sees every byte written into the owner's folders since, and two uploads that each
+    fit cannot together pass the quota."""
 
     owner_name: str  # "your" or "alice's": whose folders the figures are about
     used: int
     max_bytes: int | None
     replaced: int  # the size of the file the upload replaces
+    owner_id: int = 0
+    mark: int = 0
 
     @property
     def limit(self) -> int | None:
@@ -411,8 +428,40 @@ class UploadAllowance:
             return None
         return max(0, self.max_bytes - self.used + self.replaced)
 
-    def refusal(self, size: int, *, so_far: bool = False) -> PayloadTooLarge:
+    def metered(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """``chunks``, each added to the owner's ledger before it is written; refused
+        once this upload and what others wrote since it began pass the quota."""
+        if self.max_bytes is None:
+            yield from chunks
+            return
+        ledger, key, own = shared_redis.client(), _upload_ledger_key(self.owner_id), 0
+        for chunk in chunks:
+            own += len(chunk)
+            pipe = ledger.pipeline(transaction=False)
+            pipe.incrby(key, len(chunk))
+            pipe.expire(key, UPLOAD_LEDGER_TTL)
+            total = pipe.execute()[0]
+            others = max(0, total - self.mark - own)
+            if self.used + others - self.replaced + own > self.max_bytes:
+                raise self.refusal(own, so_far=True, others=others)
+            yield chunk
+
+    def refusal(self, size: int, *, so_far: bool = False, others: int = 0) -> PayloadTooLarge:
         assert self.max_bytes is not None
+        if others:
+            shown = units.format_size_rounded
+            return PayloadTooLarge(
+                f"Upload refused: {self.owner_name} folders hold {shown(self.used + others)} "
+                f"of {'your' if self.owner_name == 'your' else 'their'} "
+                f"{shown(self.max_bytes)} quota, {shown(others)} of it written by other "
+                f"uploads while this one ran; this file (more than {shown(size)}) would take "
+                f"them to more than {shown(self.used + others - self.replaced + size)}.",
+                {
+                    "used_bytes": self.used + others,
+                    "max_bytes": self.max_bytes,
+                    "file_bytes": size,
+                },
+            )
         after = self.used - self.replaced + size
         shown = units.format_size_rounded
         this = f"more than {shown(size)}" if so_far else shown(size)
@@ -436,11 +485,16 @@ def folder_upload_allowance(
     max_bytes = policy.max_folder_bytes if policy is not None else None
     if max_bytes is None:
         return UploadAllowance("your", 0, None, 0)
+    # The ledger is read before the disk: bytes landing in between count twice (a
+    # refusal a little early), never not at all.
+    mark = int(shared_redis.client().get(_upload_ledger_key(folder.owner_id)) or 0)
     return UploadAllowance(
         owner_name="your" if folder.owner_id == user.pk else f"{folder.owner.username}'s",
         used=selectors.storage_used(owner=folder.owner),
         max_bytes=max_bytes,
         replaced=folder_files.existing_file_size(folder.host_path, parts),
+        owner_id=folder.owner_id,
+        mark=mark,
     )
 
 
@@ -459,7 +513,9 @@ def folder_file_write(
     if limit is not None and length is not None and length > limit:
         raise allowance.refusal(length)
     try:
-        size = folder_files.write_file(folder.host_path, parts, chunks, limit=limit)
+        size = folder_files.write_file(
+            folder.host_path, parts, allowance.metered(chunks), limit=limit
+        )
     except folder_files.TooLarge as exc:
         raise allowance.refusal(exc.args[0], so_far=True) from None
     logger.info("folder %s: wrote %s bytes", folder.pk, size)

@@ -352,6 +352,41 @@ def test_an_upload_without_a_length_is_stopped_once_it_passes_the_quota(alice, f
     assert os.listdir(folder.host_path) == []  # nothing left behind
 
 
+def test_two_uploads_that_each_fit_cannot_together_pass_the_quota(alice, folder):
+    """Both begin while the folders are empty (another tab, another web process); the one
+    that writes past the quota second is refused, naming what the other wrote."""
+    policy(max_folder_bytes=1 * MiB)
+    access = services.selectors.get_folder_for_user(user=alice, folder_id=folder.pk)
+    first = services.folder_upload_allowance(access=access, user=alice, parts=("a",))
+    second = services.folder_upload_allowance(access=access, user=alice, parts=("b",))
+    assert first.limit == second.limit == 1 * MiB
+
+    def write(parts, allowance):
+        return services.folder_file_write(
+            folder=folder,
+            parts=parts,
+            chunks=iter([b"x" * (300 * 1024)] * 2),
+            allowance=allowance,
+            length=None,
+        )
+
+    assert write(("a",), first) == 600 * 1024
+    with pytest.raises(services.PayloadTooLarge) as refused:
+        write(("b",), second)
+    assert "600.0 KiB of it written by other uploads while this one ran" in refused.value.message
+    assert refused.value.extra["used_bytes"] == 600 * 1024
+    assert sorted(os.listdir(folder.host_path)) == ["a"]  # nothing of "b" left behind
+    # Begun afterwards, an upload sees the file on disk and the room that is left.
+    third = services.folder_upload_allowance(access=access, user=alice, parts=("c",))
+    assert third.limit == 424 * 1024
+    assert (
+        services.folder_file_write(
+            folder=folder, parts=("c",), chunks=iter([b"y" * 1000]), allowance=third, length=1000
+        )
+        == 1000
+    )
+
+
 def test_a_sharee_writing_counts_against_the_owners_quota(as_bob, bob, folder):
     policy(max_folder_bytes=1000)
     FolderShare.objects.create(folder=folder, user=bob, permission="rw")

@@ -27,7 +27,6 @@ def sent(settings, monkeypatch):
     monkeypatch.setattr(tasks, "_flag_prefix", lambda: prefix)
     calls: list[int | None] = []
     monkeypatch.setattr(tasks.schedule_group, "delay", calls.append)
-    monkeypatch.setattr(tasks, "_redis", None)
     try:
         tasks._flags().ping()
     except redis.RedisError:

@@ -160,7 +160,7 @@ async def _standalone(mb: int) -> dict[str, float]:
                 "kernel_id": session_id,
                 "hostname": "main1",
                 "role": "main",
-                "image": "bai-kernel/sftp:1",
+                "image": "bai-kernel/sftp:2",
                 "slots": {"cpu": "1", "mem": str(512 * 2**20)},
                 "env": {},
                 "mounts": [{"name": "bench", "host_path": str(folder_path)}],

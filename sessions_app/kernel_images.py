@@ -56,7 +56,7 @@ from typing import Any
 
 MINIMAL_IMAGE = "bai-kernel/minimal:1"
 PYTHON_IMAGE = "bai-kernel/python:2"
-SFTP_IMAGE = "bai-kernel/sftp:1"
+SFTP_IMAGE = "bai-kernel/sftp:2"
 SKLEARN_SERVE_IMAGE = "bai-kernel/sklearn-serve:1"
 
 RECIPE_LABEL = "ai.backend.recipe"
@@ -83,7 +83,7 @@ PYTHON_PACKAGES = (
 # The SFTP system sessions' kernel: python3 and Debian's asyncssh (2.10.1 in bookworm), a real
 # SSH/SFTP/SCP server library. The server itself is the agent's (agent/sftp_server.py), written
 # into the kernel's home at start, so it always matches the agent that runs it.
-SFTP_PACKAGES = ("python3", "python3-asyncssh")
+SFTP_PACKAGES = ("python3", "python3-asyncssh", "openssh-server")
 # The model image: Debian's scikit-learn (with its bundled iris data), FastAPI and uvicorn.
 SKLEARN_SERVE_PACKAGES = ("python3", "python3-sklearn", "python3-fastapi", "uvicorn")
 SKLEARN_SERVE_FILES = Path(__file__).with_name("image_files") / "sklearn_serve"

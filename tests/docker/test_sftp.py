@@ -1,8 +1,9 @@
 """SFTP system sessions on a real engine, driven by OpenSSH's own ``sftp`` and ``scp``.
 
 The whole path: the API starts a system session on alice's folders, the scheduler places it,
-a real agent runs the SFTP kernel (bai-kernel/sftp:1, our asyncssh server) and publishes its
-port on 127.0.0.1, and the standard client talks to it there with the session's key.
+a real agent runs the SFTP kernel (bai-kernel/sftp:2: OpenSSH's sshd, our SFTP server behind
+it) and publishes its port on 127.0.0.1, and the standard client talks to it there with the
+session's key.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler_app.sweeps import sweep_timeouts
+from sessions_app.kernel_images import SFTP_IMAGE
 from sessions_app.models import (
     DataFolder,
     FolderPermission,
@@ -39,7 +41,6 @@ from tests.live import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
-SFTP_IMAGE = "bai-kernel/sftp:1"
 SSH_OPTIONS = [
     "-o",
     "StrictHostKeyChecking=no",

@@ -308,8 +308,15 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     codes = [proc.wait(timeout=60) for proc in racing]
     landed = [n for n in ("one.bin", "two.bin") if (data.host_path / n).exists()]
     assert len(landed) <= 1 and sorted(codes)[-1] != 0, (codes, landed)
-    for name in landed:
-        (data.host_path / name).unlink()
+    for name in landed:  # through SFTP, which counts the bytes freed
+        assert _sftp(port, session_key, f"rm /data/{name}", work).returncode == 0
+    # A file of many reads comes back whole (reads are answered from one reused buffer).
+    whole = _sftp(
+        port, session_key, "put one.bin /data/one.bin\nget /data/one.bin one-back.bin", work
+    )
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert (work / "one-back.bin").read_bytes() == (work / "one.bin").read_bytes()
+    assert _sftp(port, session_key, "rm /data/one.bin", work).returncode == 0
 
     # Past the byte quota: refused, with the figures in the server's answer; nothing left.
     (work / "big.bin").write_bytes(os.urandom(QUOTA + 2**20))

@@ -251,6 +251,16 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
         )
         assert shell.returncode != 0 and "root:" not in shell.stdout, shell
         assert "SFTP and SCP only" in shell.stderr, shell.stderr
+    # No forwarding: a remote forward is refused at once.
+    forward = subprocess.run(
+        ["ssh", *SSH_OPTIONS, "-p", str(port), "-i", str(alice_key), "-N", "-T"]
+        + ["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9", "work@127.0.0.1"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+    assert forward.returncode == 255, forward
     # A plain OpenSSH client gets AES-GCM (the fast cipher here), not chacha20 or AES-CTR.
     verbose = subprocess.run(
         ["sftp", *VERBOSE_SSH_OPTIONS, "-P", str(port), "-i", str(alice_key)]

@@ -37,11 +37,14 @@ MAX_CONNECTIONS = 64  # carried at once per published port; an SFTP client opens
 def _pump(src: socket.socket, dst: socket.socket) -> None:
     """Copy ``src`` to ``dst`` until ``src`` ends, then end ``dst``'s sending side. Blocking;
     run in a thread of its own. Errors end the copy quietly (the peer went away)."""
+    moved = [0]
     try:
         try:
-            _splice(src, dst)
+            _splice(src, dst, moved)
         except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            # Refused for these sockets (never the case on Linux for TCP, but cheap to keep):
+            # copy instead, unless bytes already went through the pipe.
+            if moved[0] or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise
             _copy(src, dst)
         with contextlib.suppress(OSError):
@@ -53,7 +56,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
                 s.shutdown(socket.SHUT_RDWR)
 
 
-def _splice(src: socket.socket, dst: socket.socket) -> None:
+def _splice(src: socket.socket, dst: socket.socket, moved: list[int]) -> None:
     read_end, write_end = os.pipe()
     try:
         with contextlib.suppress(OSError):
@@ -63,6 +66,7 @@ def _splice(src: socket.socket, dst: socket.socket) -> None:
             n = os.splice(fin, write_end, SPLICE_CHUNK, flags=os.SPLICE_F_MOVE)
             if n == 0:
                 return
+            moved[0] += n
             while n:
                 n -= os.splice(read_end, fout, n, flags=os.SPLICE_F_MOVE)
     finally:

@@ -6,9 +6,10 @@
 published port and key, it times OpenSSH ``sftp`` uploading a file of ``mb`` MiB into the folder
 and downloading it back, and ``cp`` of the same file to and from the same disk, and checks that
 every copy arrived whole. Run alone, this module stands up what it needs without the manager:
-the agent's Docker backend creates an SFTP kernel (bai-kernel/sftp:1, our asyncssh server) on a
-folder under a temporary directory and publishes its port on 127.0.0.1, exactly as an agent does
-for an SFTP session; then it removes everything.
+the agent's Docker backend creates an SFTP kernel (``SFTP_IMAGE``: OpenSSH's sshd with our SFTP
+server behind it, with an SFTP session's resources, ``SFTP_RESOURCES``) on a folder under a
+temporary directory and publishes its port on 127.0.0.1, exactly as an agent does for an SFTP
+session; then it removes everything. ``--cpu`` overrides the kernel's CPU quota.
 
 Targets (issue 14): at least 100 MB/s both ways on loopback. Not part of the test run.
 """
@@ -128,12 +129,14 @@ def report(figures: dict[str, float], mb: int) -> None:
     )
 
 
-async def _standalone(mb: int) -> dict[str, float]:
+async def _standalone(mb: int, cpu: str, mem: str) -> dict[str, float]:
     """An SFTP kernel made by the agent's Docker backend, without the manager."""
     import docker
 
     from agent.backends.docker import DockerBackend
     from agent.config import AgentConfig
+    from bai_common.units import parse_size
+    from sessions_app.kernel_images import SFTP_IMAGE
 
     root = Path(tempfile.mkdtemp(prefix="bai-bench-sftp-"))
     data_root = root / "data"
@@ -160,8 +163,8 @@ async def _standalone(mb: int) -> dict[str, float]:
                 "kernel_id": session_id,
                 "hostname": "main1",
                 "role": "main",
-                "image": "bai-kernel/sftp:1",
-                "slots": {"cpu": "1", "mem": str(512 * 2**20)},
+                "image": SFTP_IMAGE,
+                "slots": {"cpu": cpu, "mem": str(parse_size(mem))},
                 "env": {},
                 "mounts": [{"name": "bench", "host_path": str(folder_path)}],
                 "startup_command": None,
@@ -194,13 +197,25 @@ async def _standalone(mb: int) -> dict[str, float]:
 
 
 def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
+    import django
+
+    django.setup()
+    from sessions_app.sftp import SFTP_RESOURCES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=1024, help="file size in MiB (default 1024)")
+    parser.add_argument(
+        "--cpu",
+        default=SFTP_RESOURCES["cpu"],
+        help=f"the SFTP kernel's CPU quota (default an SFTP session's, {SFTP_RESOURCES['cpu']})",
+    )
     args = parser.parse_args()
-    figures = asyncio.run(_standalone(args.mb))
+    figures = asyncio.run(_standalone(args.mb, args.cpu, SFTP_RESOURCES["mem"]))
     report(figures, args.mb)
     print(
-        f"conditions: {platform.node()}, {platform.machine()}, {os.cpu_count()} cpus, "
+        f"conditions: the SFTP kernel at {args.cpu} CPU; "
+        f"{platform.node()}, {platform.machine()}, {os.cpu_count()} cpus, "
         f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}; the data folder and "
         f"the scratch file on {tempfile.gettempdir()}"
     )

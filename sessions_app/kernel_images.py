@@ -7,8 +7,10 @@ Four images:
 * ``bai-kernel/python:2`` -- a ``debootstrap --variant=minbase`` bookworm root with python3,
   openssh-server/-client, iproute2 and procps. Takes ~40 s cold; the finished root tarball is cached
   outside the repository keyed on a hash of its recipe, so later builds only ``docker import`` it.
-* ``bai-kernel/sftp:1`` -- the same kind of root with python3 and python3-asyncssh only, for
-  the SFTP system sessions (the agent writes its server into the kernel's home). Cached alike.
+* ``bai-kernel/sftp:2`` -- the same kind of root with python3, python3-asyncssh and
+  openssh-server only, for the SFTP system sessions (the agent writes its server into the
+  kernel's home; sshd carries SSH, our Python serves SFTP behind it). Cached alike. ``:1`` had
+  no sshd: a new tag, so that an agent never runs the new server on the old image.
 * ``bai-kernel/sklearn-serve:1`` -- the same kind of root with Debian's scikit-learn, FastAPI and
   uvicorn, an iris classifier trained when the image is built (from the iris data scikit-learn
   ships) and its model server in ``/opt/model`` (``image_files/sklearn_serve/``). Start it with
@@ -56,7 +58,7 @@ from typing import Any
 
 MINIMAL_IMAGE = "bai-kernel/minimal:1"
 PYTHON_IMAGE = "bai-kernel/python:2"
-SFTP_IMAGE = "bai-kernel/sftp:1"
+SFTP_IMAGE = "bai-kernel/sftp:2"
 SKLEARN_SERVE_IMAGE = "bai-kernel/sklearn-serve:1"
 
 RECIPE_LABEL = "ai.backend.recipe"
@@ -80,10 +82,11 @@ PYTHON_PACKAGES = (
     "procps",
     "jupyter-notebook",
 )
-# The SFTP system sessions' kernel: python3 and Debian's asyncssh (2.10.1 in bookworm), a real
-# SSH/SFTP/SCP server library. The server itself is the agent's (agent/sftp_server.py), written
-# into the kernel's home at start, so it always matches the agent that runs it.
-SFTP_PACKAGES = ("python3", "python3-asyncssh")
+# The SFTP system sessions' kernel: python3, Debian's asyncssh (2.10.1 in bookworm) for its
+# SFTP/SCP server code, and OpenSSH's sshd (9.2) for the SSH side. The server itself is the
+# agent's (agent/sftp_server.py), written into the kernel's home at start, so it always matches
+# the agent that runs it.
+SFTP_PACKAGES = ("python3", "python3-asyncssh", "openssh-server")
 # The model image: Debian's scikit-learn (with its bundled iris data), FastAPI and uvicorn.
 SKLEARN_SERVE_PACKAGES = ("python3", "python3-sklearn", "python3-fastapi", "uvicorn")
 SKLEARN_SERVE_FILES = Path(__file__).with_name("image_files") / "sklearn_serve"
@@ -699,7 +702,7 @@ def build_sftp(
     force: bool = False,
     client: Any = None,
 ) -> BuiltImage:
-    """Build ``bai-kernel/sftp:1`` (python3 + python3-asyncssh), cached like the python image."""
+    """Build ``bai-kernel/sftp:2`` (python3, python3-asyncssh, openssh-server), cached alike."""
     return _build_debian_image(
         progress, cache_dir, force, client, reference=SFTP_IMAGE, spec=SFTP_ROOT, supports_ssh=False
     )

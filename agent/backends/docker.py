@@ -80,8 +80,9 @@ SSH_PORT = 2200
 SFTP_START_TIMEOUT = 30.0  # how long an SFTP kernel's server may take to listen
 SFTP_HOST_KEY = ".backendai/sftp_host_key"
 SFTP_SERVER_SOURCE = Path(__file__).resolve().parents[1] / "sftp_server.py"
-# The SFTP kernel's command, run by the RUNNER (Debian's asyncssh warns of deprecated
-# ciphers on import: -W ignore keeps the log for what matters).
+# The SFTP kernel's command, run by the RUNNER: it runs sshd with SFTP and SCP only (see
+# agent/sftp_server.py; Debian's asyncssh warns of deprecated ciphers on import: -W ignore
+# keeps the log for what matters).
 SFTP_COMMAND = f"exec python3 -W ignore -u {HOME}/.backendai/sftp_server.py"
 NETWORK_LOCK_PATH = os.path.join(tempfile.gettempdir(), "backendai-agent-networks.lock")
 
@@ -148,13 +149,15 @@ def write_kernel_home(
     *,
     authorized_keys: list[str] | tuple[str, ...] = (),
     extra_files: dict[str, str] | None = None,
+    sshd: bool = True,
 ) -> None:
     """Lay out a kernel's home before its container exists: the env file and,
     with a session key pair, ``~/.ssh`` and the sshd config. Directories 0700,
     files 0600, all owned by the kernel user (when the agent may hand them over):
     ssh and sshd refuse keys that others can read or that the user does not own.
     ``authorized_keys`` may log in beside the session's own key; ``extra_files``
-    (relative to the home, under ``.backendai/``) are written alike.
+    (relative to the home, under ``.backendai/``) are written alike. ``sshd=False``: no
+    sshd config, so the runner starts no sshd (an SFTP kernel runs its own).
     """
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     files = {".backendai_env": render_env_file(env), **(extra_files or {})}
@@ -169,9 +172,10 @@ def write_kernel_home(
                 ".ssh/authorized_keys": allowed,
                 ".ssh/config": SSH_CLIENT_CONFIG,
                 ".ssh/environment": render_ssh_environment(env),
-                ".backendai/sshd_config": SSHD_CONFIG,
             }
         )
+        if sshd:
+            files[".backendai/sshd_config"] = SSHD_CONFIG
         dirs.append(home / ".ssh")
     for d in dirs:
         d.mkdir(mode=0o700, exist_ok=True)
@@ -664,6 +668,7 @@ class DockerBackend(Backend):
             spec.get("ssh"),
             authorized_keys=(sftp or {}).get("authorized_keys") or (),
             extra_files=files,
+            sshd=not sftp,
         )
         # The home first: the engine mounts by depth, so the data folders land inside it.
         mounts.insert(0, Mount(target=HOME, source=str(home), type="bind"))

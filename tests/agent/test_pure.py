@@ -167,6 +167,15 @@ def test_without_ssh_keys_no_ssh_files_are_written(tmp_path):
     assert not (tmp_path / "home" / ".backendai" / "sshd_config").exists()
 
 
+def test_an_sftp_kernels_home_has_the_keys_but_no_sshd_for_the_runner_to_start(tmp_path):
+    # Its own server runs sshd on the same port with SFTP only; the runner's would take it.
+    ssh = {"private_key": "PRIV\n", "public_key": "ssh-ed25519 K"}
+    home = tmp_path / "home"
+    write_kernel_home(home, {}, ssh, authorized_keys=["ssh-ed25519 L laptop"], sshd=False)
+    assert (home / ".ssh/authorized_keys").read_text() == "ssh-ed25519 K\nssh-ed25519 L laptop\n"
+    assert not (home / ".backendai" / "sshd_config").exists()
+
+
 def test_the_runner_exits_with_the_startup_commands_code(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failed:
         _run_runner(tmp_path, "exit 3")

@@ -1,8 +1,9 @@
 """SFTP system sessions on a real engine, driven by OpenSSH's own ``sftp`` and ``scp``.
 
 The whole path: the API starts a system session on alice's folders, the scheduler places it,
-a real agent runs the SFTP kernel (bai-kernel/sftp:1, our asyncssh server) and publishes its
-port on 127.0.0.1, and the standard client talks to it there with the session's key.
+a real agent runs the SFTP kernel (bai-kernel/sftp:2: OpenSSH's sshd, our SFTP server behind
+it) and publishes its port on 127.0.0.1, and the standard client talks to it there with the
+session's key.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler_app.sweeps import sweep_timeouts
+from sessions_app.kernel_images import SFTP_IMAGE
 from sessions_app.models import (
     DataFolder,
     FolderPermission,
@@ -39,7 +41,6 @@ from tests.live import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
-SFTP_IMAGE = "bai-kernel/sftp:1"
 SSH_OPTIONS = [
     "-o",
     "StrictHostKeyChecking=no",
@@ -52,6 +53,8 @@ SSH_OPTIONS = [
     "-o",
     "ConnectTimeout=10",
 ]
+# The same, logging what was negotiated (ssh keeps the first LogLevel it is given).
+VERBOSE_SSH_OPTIONS = [o.replace("LogLevel=ERROR", "LogLevel=DEBUG1") for o in SSH_OPTIONS]
 QUOTA = 4 * 2**20
 
 
@@ -92,9 +95,11 @@ def _sftp(port: int, key: Path, commands: str, cwd: Path) -> subprocess.Complete
     )
 
 
-def _scp(port: int, key: Path, src: str, dst: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _scp(
+    port: int, key: Path, src: str, dst: str, cwd: Path, *options: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["scp", *SSH_OPTIONS, "-P", str(port), "-i", str(key), "-r", src, dst],
+        ["scp", *SSH_OPTIONS, *options, "-P", str(port), "-i", str(key), "-r", src, dst],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -223,6 +228,49 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     assert down.returncode == 0, down.stderr
     assert (work / "back/a/b/deep.txt").read_text() == "deep\n"
     assert (data.host_path / "scp.txt").read_text() == "hello over sftp\n"
+    # Legacy SCP (``scp -O`` runs ``scp -t``/``-f`` on the server) is served too, in the folders.
+    legacy = _scp(port, alice_key, "hello.txt", "work@127.0.0.1:/data/legacy.txt", work, "-O")
+    assert legacy.returncode == 0, legacy.stderr
+    assert (data.host_path / "legacy.txt").read_text() == "hello over sftp\n"
+    fetched = _scp(
+        port, alice_key, "work@127.0.0.1:/data/legacy.txt", "legacy-back.txt", work, "-O"
+    )
+    assert fetched.returncode == 0 and (work / "legacy-back.txt").read_text() == "hello over sftp\n"
+    outside = _scp(port, alice_key, "work@127.0.0.1:/etc/passwd", "passwd", work, "-O")
+    assert outside.returncode != 0 and not (work / "passwd").exists()
+
+    # Any other command, or a shell, is refused (sshd forces every session into our server).
+    for command in (["cat", "/etc/passwd"], []):
+        shell = subprocess.run(
+            ["ssh", *SSH_OPTIONS, "-p", str(port), "-i", str(alice_key), "-T", "work@127.0.0.1"]
+            + command,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+        )
+        assert shell.returncode != 0 and "root:" not in shell.stdout, shell
+        assert "SFTP and SCP only" in shell.stderr, shell.stderr
+    # No forwarding: a remote forward is refused at once.
+    forward = subprocess.run(
+        ["ssh", *SSH_OPTIONS, "-p", str(port), "-i", str(alice_key), "-N", "-T"]
+        + ["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9", "work@127.0.0.1"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+    assert forward.returncode == 255, forward
+    # A plain OpenSSH client gets AES-GCM (the fast cipher here), not chacha20 or AES-CTR.
+    verbose = subprocess.run(
+        ["sftp", *VERBOSE_SSH_OPTIONS, "-P", str(port), "-i", str(alice_key)]
+        + ["-b", "-", "work@127.0.0.1"],
+        input="ls /\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "server->client cipher: aes128-gcm@openssh.com" in verbose.stderr, verbose.stderr
 
     # Nothing outside the folders: not /etc, not through a link, not the kernel's home.
     for escape in (
@@ -248,6 +296,37 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     assert (bobs.host_path / "readme.txt").exists()
     got = _sftp(port, session_key, "get /bobs/readme.txt", work)
     assert got.returncode == 0 and (work / "readme.txt").read_text() == "bob's\n"
+
+    # Two uploads at once (two connections, two processes) share one count of the bytes: they
+    # cannot both take the last free ones.
+    for name in ("one.bin", "two.bin"):
+        (work / name).write_bytes(os.urandom(3 * 2**20))
+    racing = [
+        subprocess.Popen(
+            ["sftp", *SSH_OPTIONS, "-P", str(port), "-i", str(session_key), "-b", "-"]
+            + ["work@127.0.0.1"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=work,
+        )
+        for _ in range(2)
+    ]
+    for proc, name in zip(racing, ("one.bin", "two.bin"), strict=True):
+        proc.stdin.write(f"put {name} /data/{name}\n".encode())
+        proc.stdin.close()
+    codes = [proc.wait(timeout=60) for proc in racing]
+    landed = [n for n in ("one.bin", "two.bin") if (data.host_path / n).exists()]
+    assert len(landed) <= 1 and sorted(codes)[-1] != 0, (codes, landed)
+    for name in landed:  # through SFTP, which counts the bytes freed
+        assert _sftp(port, session_key, f"rm /data/{name}", work).returncode == 0
+    # A file of many reads comes back whole (reads are answered from one reused buffer).
+    whole = _sftp(
+        port, session_key, "put one.bin /data/one.bin\nget /data/one.bin one-back.bin", work
+    )
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert (work / "one-back.bin").read_bytes() == (work / "one.bin").read_bytes()
+    assert _sftp(port, session_key, "rm /data/one.bin", work).returncode == 0
 
     # Past the byte quota: refused, with the figures in the server's answer; nothing left.
     (work / "big.bin").write_bytes(os.urandom(QUOTA + 2**20))

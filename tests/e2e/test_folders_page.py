@@ -228,16 +228,17 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
     import subprocess
 
     from sessions_app import services
+    from sessions_app.kernel_images import SFTP_IMAGE
     from sessions_app.models import Image
     from tests.conftest import skip_or_fail
 
     if shutil.which("sftp") is None:
         skip_or_fail("OpenSSH's sftp is missing (apt-get install openssh-client)")
     try:
-        docker_client.images.get("bai-kernel/sftp:1")
+        docker_client.images.get(SFTP_IMAGE)
     except Exception:  # noqa: BLE001
-        skip_or_fail("kernel image bai-kernel/sftp:1 is missing (manage.py build_kernel_images)")
-    _orm(Image.objects.get_or_create, reference="bai-kernel/sftp:1")
+        skip_or_fail(f"kernel image {SFTP_IMAGE} is missing (manage.py build_kernel_images)")
+    _orm(Image.objects.get_or_create, reference=SFTP_IMAGE)
     _orm(services.folder_create, owner=users["alice"], name="inbox")
 
     page = login("alice")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sessions_app.kernel_images import SFTP_IMAGE
 from sessions_app.models import DataFolder, Image, ResourceGroup, Session, SSHKey
 
 pytestmark = pytest.mark.django_db
@@ -101,7 +102,7 @@ def test_keys_are_their_owners_alone(api, alice, bob, tmp_path):
 def test_an_sftp_session_is_refused_with_the_reason_when_a_check_fails(api, alice, bob, group):
     mine = DataFolder.objects.create(owner=alice, name="data")
     theirs = DataFolder.objects.create(owner=bob, name="secret")
-    Image.objects.create(reference="bai-kernel/sftp:1")
+    Image.objects.create(reference=SFTP_IMAGE)
     cases = [
         ({"folders": []}, "folders"),
         ({"folders": [theirs.pk]}, f"no folder with id {theirs.pk}"),

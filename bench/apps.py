@@ -238,8 +238,7 @@ def main() -> None:
     _jupyter_ready_user()
     stack = Stack(ids["agent_token"])
     proxy = streams.subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
-        + ["proxy_app.asgi:application"],
+        [sys.executable, "-m", "proxy_app.serve", "-b", "127.0.0.1", "-p", str(apps_port)],
         cwd=streams.ROOT,
         # The manager's environment: its var dir holds the dev secret key links are signed with.
         env={

@@ -19,6 +19,9 @@ What the proxy relies on, and where uvicorn gives it:
   so ``BoundedHttpToolsProtocol`` answers 431 to a request whose target passes
   ``TARGET_LIMIT``, whose head passes ``HEAD_LIMIT`` or which has more than ``MAX_HEADERS``
   headers, before any of it reaches the application.
+- **A caller that leaves**: uvicorn's ``send`` to a gone caller returns without a word, so
+  the proxy watches ``receive()`` for ``http.disconnect`` while it relays an answer
+  (``forward.py``) and then closes that tunnel.
 - Answers carry the app's own headers only: no ``server`` or ``date`` of the proxy's (an
   app's would be doubled), no access log, and ``X-Forwarded-For`` from callers is never
   trusted (the proxy sets its own toward apps).
@@ -39,6 +42,7 @@ HEAD_LIMIT = 80 * 1024  # the target and all header names and values together
 MAX_HEADERS = 500  # as Twisted's
 WS_MAX_MESSAGE = 1024 * 1024  # a websocket message, in or out of the proxy (daphne's default)
 KEEP_ALIVE_S = 30  # an idle kept-alive connection of a caller is closed after this
+SHUTDOWN_GRACE_S = 10  # on SIGTERM, requests still running then are cancelled (as daphne's)
 
 
 class HeadTooLarge(Exception):
@@ -110,6 +114,7 @@ def config(host: str, port: int) -> uvicorn.Config:
         server_header=False,
         date_header=False,
         timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         log_config=None,  # Django's logging (settings.LOGGING) applies, as in the manager
     )
 

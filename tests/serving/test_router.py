@@ -266,8 +266,11 @@ async def call(
     headers: list[tuple[bytes, bytes]] | None = None,
     body: bytes = b"",
     events: asyncio.Queue[dict[str, Any]] | None = None,
+    gone: asyncio.Event | None = None,
 ) -> tuple[int, dict[bytes, bytes], bytes]:
-    """One request to the apps proxy's ASGI application; (status, headers, body)."""
+    """One request to the apps proxy's ASGI application; (status, headers, body).
+
+    The caller stays until ``gone`` is set (never, without it), then disconnects."""
     raw, _, query = path.partition("?")
     scope = {
         "type": "http",
@@ -291,8 +294,8 @@ async def call(
         if not given:
             given = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the caller never goes away
-        raise AssertionError  # pragma: no cover
+        await (gone or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
 
     sent: list[dict[str, Any]] = []
 
@@ -566,6 +569,22 @@ async def test_server_sent_events_reach_the_caller_one_by_one(serving, replicas)
     assert second["body"] == b"data: two\n\n"
     status, _, body = await request
     assert body == b"data: one\n\ndata: two\n\n"
+
+
+async def test_a_caller_that_leaves_mid_stream_ends_its_request_and_its_tunnel(
+    serving, replicas
+) -> None:
+    a = replicas("a")
+    await serving.endpoint("llm", a.port)
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    gone = asyncio.Event()
+    request = asyncio.create_task(call("GET", "/serve/llm/sse", events=events, gone=gone))
+    await asyncio.wait_for(events.get(), 5)  # the answer's start
+    await asyncio.wait_for(events.get(), 5)  # its first event; the second never comes
+    gone.set()
+    await asyncio.wait_for(request, 5)  # not held until the replica ends its stream
+    assert not any(tunnels.pool._idle.values())  # its tunnel closed, never kept for another
+    a.gate.set()
 
 
 async def test_requests_are_recorded_per_route_in_the_metrics(serving, replicas) -> None:

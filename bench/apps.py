@@ -336,7 +336,7 @@ def main() -> None:
     finally:
         if proxy.poll() is None:
             proxy.terminate()
-            proxy.wait(10)
+            proxy.wait(30)  # its shutdown grace (proxy_app.serve) and some
         stack.stop()
 
 

@@ -440,7 +440,7 @@ def main() -> None:
             services.endpoint_delete(endpoint=old, user=user)
         if proxy is not None and proxy.poll() is None:
             proxy.terminate()
-            proxy.wait(10)
+            proxy.wait(30)  # its shutdown grace (proxy_app.serve) and some
         stack.stop()
 
 

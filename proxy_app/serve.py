@@ -32,17 +32,20 @@ One process: a tunnel lands in the process that asked for it (``tunnels.py``).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+logger = logging.getLogger("proxy_app.serve")  # also when run as __main__
 
 TARGET_LIMIT = 64 * 1024  # a request target (path and query), as the manager's daphne allows
 HEAD_LIMIT = 80 * 1024  # the target and all header names and values together
 MAX_HEADERS = 500  # as Twisted's
 WS_MAX_MESSAGE = 1024 * 1024  # a websocket message, in or out of the proxy (daphne's default)
 KEEP_ALIVE_S = 30  # an idle kept-alive connection of a caller is closed after this
-SHUTDOWN_GRACE_S = 10  # on SIGTERM, requests still running then are cancelled (as daphne's)
+SHUTDOWN_GRACE_S = 5  # on SIGTERM, requests still running then are cancelled
 
 
 class HeadTooLarge(Exception):
@@ -125,7 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-p", "--port", type=int, required=True, help="port to listen on")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
-    uvicorn.Server(config(args.bind, args.port)).run()
+    settings = config(args.bind, args.port)
+    settings.load()  # imports the application: Django is set up, its logging too
+    # uvicorn logs each websocket's path with its query at INFO: an agent's tunnel token.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    logger.info("apps proxy on http://%s:%s (uvicorn, one process)", args.bind, args.port)
+    uvicorn.Server(settings).run()
 
 
 if __name__ == "__main__":

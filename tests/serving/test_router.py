@@ -715,3 +715,19 @@ async def test_answers_to_the_managers_origin_carry_its_origin_and_never_credent
     )
     assert status == 200
     assert not any(k.startswith(b"access-control-") for k in raw_headers)
+
+
+async def test_a_tunnel_whose_agent_is_gone_drops_writes_and_still_ends_its_websocket() -> None:
+    # The apps proxy's server raises OSError on a send to a websocket whose peer left.
+    async def gone_send(_event: dict[str, Any]) -> None:
+        raise OSError("the agent's connection is gone")
+
+    async def gone_receive() -> dict[str, Any]:
+        return {"type": "websocket.disconnect", "code": 1006}
+
+    tunnel = tunnels.Tunnel(gone_receive, gone_send)
+    await tunnel.write(b"GET / HTTP/1.1\r\n\r\n")  # dropped, not raised
+    assert await tunnel.read() is None  # the read tells it closed
+    fresh = tunnels.Tunnel(gone_receive, gone_send)
+    await fresh.close()
+    assert fresh.finished.is_set()  # serve_agent_end's task ends: nothing waits for ever

@@ -394,10 +394,13 @@ def main() -> None:
         results: dict[str, dict[str, float]] = {}
         for target in (direct, routed):
             lat = asyncio.run(latency(target, args.requests))
+            cpu0 = streams.cpu_seconds(proxy.pid)
+            rps = asyncio.run(throughput(target, args.clients, args.requests))
             results[target.name] = {
                 "p50": pct(lat, 50),
                 "p99": pct(lat, 99),
-                "rps": asyncio.run(throughput(target, args.clients, args.requests)),
+                "rps": rps,
+                "proxy_us": (streams.cpu_seconds(proxy.pid) - cpu0) / args.requests * 1e6,
             }
         d, r = results["direct"], results["router"]
         if not args.no_scaling:
@@ -422,6 +425,9 @@ def main() -> None:
             print(f"  {label:28} {d[key]:10.2f} {r[key]:10.2f} {r[key] / d[key]:14.2f}")
         print(f"  added to p50: {r['p50'] - d['p50']:.2f} ms (target <= 3 ms)")
         print(f"  router requests/s: {r['rps'] / d['rps']:.0%} of direct (target >= 70 %)")
+        print(
+            f"  apps proxy CPU per routed request ({args.clients} callers): {r['proxy_us']:.0f} µs"
+        )
         if args.no_scaling:
             return
         print(

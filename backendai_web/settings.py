@@ -340,7 +340,7 @@ BAI_MAX_TERMINALS_PER_USER = env_int("BAI_MAX_TERMINALS_PER_USER", 16, minimum=1
 # Seconds a "pass queued" flag holds back further requests for a pass: how long
 # scheduling may stall when a worker dies with a pass queued (beat's backstop
 # and a starting worker clear it sooner).
-# The apps proxy (proxy_app, its own daphne on its own port): each app is served on an
+# The apps proxy (proxy_app, its own uvicorn process on its own port: proxy_app/serve.py): each app is served on an
 # origin of its own, <session>-<app>.<host of BAI_APPS_ORIGIN>, never the manager's.
 # Agents dial BAI_APPS_TUNNEL_URL for every proxied connection.
 BAI_APPS_PORT = env_int("BAI_APPS_PORT", 8001, minimum=1)

@@ -3,10 +3,10 @@
     DATABASE_URL=postgres://…/bai_bench REDIS_URL=redis://127.0.0.1:6379/0 \\
         python bench/apps.py [--requests 1000] [--mb 100]
 
-Starts daphne, the apps proxy and a Docker agent on loopback (bench/streams.py's
-stack), launches a Python-image session whose start command serves /tmp over
-HTTP (GET, and PUT streamed to a file), and measures, through the proxy and
-directly from the host (the container's bridge address):
+Starts daphne, the apps proxy (``python -m proxy_app.serve``) and a Docker agent on
+loopback (bench/streams.py's stack), launches a Python-image session whose start command
+serves /tmp over HTTP (GET, and PUT streamed to a file), and measures, through the proxy
+and directly from the host (the container's bridge address):
 
 1. small GETs one at a time on a kept-alive connection: latency p50 and p99
    (target: at most 3 ms added to p50);
@@ -238,8 +238,7 @@ def main() -> None:
     _jupyter_ready_user()
     stack = Stack(ids["agent_token"])
     proxy = streams.subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
-        + ["proxy_app.asgi:application"],
+        [sys.executable, "-m", "proxy_app.serve", "-b", "127.0.0.1", "-p", str(apps_port)],
         cwd=streams.ROOT,
         # The manager's environment: its var dir holds the dev secret key links are signed with.
         env={
@@ -308,7 +307,7 @@ def main() -> None:
         print(f"apps proxy vs direct ({time.strftime('%Y-%m-%d')})")
         print(
             f"  conditions: {os.cpu_count()} cores, {platform.platform()}, Python "
-            f"{platform.python_version()}; one daphne for the proxy, one Docker agent, "
+            f"{platform.python_version()}; the proxy on uvicorn (proxy_app.serve), one Docker agent, "
             f"server: python http.server (threaded) in bai-kernel/python:2; "
             f"{args.requests} sequential GETs, {args.clients} concurrent clients, {args.mb} MB"
         )
@@ -337,7 +336,7 @@ def main() -> None:
     finally:
         if proxy.poll() is None:
             proxy.terminate()
-            proxy.wait(10)
+            proxy.wait(30)  # its shutdown grace (proxy_app.serve) and some
         stack.stop()
 
 

@@ -1,10 +1,10 @@
 """The inference router against the same replica called directly, in the same run.
 
     DATABASE_URL=postgres://…/bai_bench REDIS_URL=redis://127.0.0.1:6379/0 \\
-        python bench/serve.py [--requests 2000] [--clients 16]
+        python bench/serve.py [--requests 2000] [--clients 16] [--no-scaling]
 
-Starts daphne, the apps proxy and a Docker agent on loopback (bench/streams.py's stack),
-launches one replica session of ``bai-kernel/sklearn-serve:1`` (uvicorn serving the iris
+Starts daphne, the apps proxy (``python -m proxy_app.serve``) and a Docker agent on loopback
+(bench/streams.py's stack), launches one replica session of ``bai-kernel/sklearn-serve:1`` (uvicorn serving the iris
 classifier) and measures ``POST /predict`` (one instance) with a bounded load generator in
 this process (asyncio, kept-alive HTTP/1.1 connections, h11):
 
@@ -21,6 +21,8 @@ this process (asyncio, kept-alive HTTP/1.1 connections, h11):
 4. the cold start from zero (target: within 5 s): the endpoint scaled to 0 and its replica
    gone, then one ``POST /predict`` through the router, held until a replica is healthy and
    answered; three times, median and max.
+
+``--no-scaling`` stops after 2 (for before/after runs by turns).
 
 The endpoint is a real ``Endpoint`` (private, a real token), the proxy the real
 ``proxy_app.asgi:application`` and serving_app's reconciler runs in this process every
@@ -306,6 +308,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument(
+        "--no-scaling", action="store_true", help="only parts 1 and 2 (latency, requests/s)"
+    )
     args = parser.parse_args()
 
     # This process runs the reconciler (and the services it calls) as a worker would.
@@ -336,8 +341,7 @@ def main() -> None:
         # The health checks this process signs must open in the proxy: the same key.
         settings.SECRET_KEY = persistent_secret(stack.tmp / "var" / "secret_key")
         proxy = streams.subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
-            + ["proxy_app.asgi:application"],
+            [sys.executable, "-m", "proxy_app.serve", "-b", "127.0.0.1", "-p", str(apps_port)],
             cwd=streams.ROOT,
             env={
                 **os.environ,
@@ -390,18 +394,22 @@ def main() -> None:
         results: dict[str, dict[str, float]] = {}
         for target in (direct, routed):
             lat = asyncio.run(latency(target, args.requests))
+            cpu0 = streams.cpu_seconds(proxy.pid)
+            rps = asyncio.run(throughput(target, args.clients, args.requests))
             results[target.name] = {
                 "p50": pct(lat, 50),
                 "p99": pct(lat, 99),
-                "rps": asyncio.run(throughput(target, args.clients, args.requests)),
+                "rps": rps,
+                "proxy_us": (streams.cpu_seconds(proxy.pid) - cpu0) / args.requests * 1e6,
             }
         d, r = results["direct"], results["router"]
-        up = scale_up_time(endpoint, routed, apps_port, token, args.clients, r["rps"])
-        cold = sorted(cold_start_times(endpoint, apps_port, token))
+        if not args.no_scaling:
+            up = scale_up_time(endpoint, routed, apps_port, token, args.clients, r["rps"])
+            cold = sorted(cold_start_times(endpoint, apps_port, token))
         print(f"inference router vs direct ({time.strftime('%Y-%m-%d')})")
         print(
             f"  conditions: {os.cpu_count()} cores, {platform.platform()}, Python "
-            f"{platform.python_version()}; one daphne for the apps proxy, one Docker agent; "
+            f"{platform.python_version()}; the apps proxy on uvicorn (proxy_app.serve), one Docker agent; "
             f"replica: uvicorn (1 worker) + scikit-learn in {kernel_images.SKLEARN_SERVE_IMAGE}, "
             f"1 cpu; POST /predict with one instance; {args.requests} sequential requests, "
             f"then {args.requests} shared by {args.clients} concurrent kept-alive callers; "
@@ -418,6 +426,11 @@ def main() -> None:
         print(f"  added to p50: {r['p50'] - d['p50']:.2f} ms (target <= 3 ms)")
         print(f"  router requests/s: {r['rps'] / d['rps']:.0%} of direct (target >= 70 %)")
         print(
+            f"  apps proxy CPU per routed request ({args.clients} callers): {r['proxy_us']:.0f} µs"
+        )
+        if args.no_scaling:
+            return
+        print(
             f"  threshold crossed (rps_per_replica > {up['threshold']}) -> new replica serving: "
             f"{up['serving']:.1f} s (rule fired after {up['rule']:.1f} s at value "
             f"{up['value']}, replica healthy after {up['healthy']:.1f} s; target <= 10 s)"
@@ -433,7 +446,7 @@ def main() -> None:
             services.endpoint_delete(endpoint=old, user=user)
         if proxy is not None and proxy.poll() is None:
             proxy.terminate()
-            proxy.wait(10)
+            proxy.wait(30)  # its shutdown grace (proxy_app.serve) and some
         stack.stop()
 
 

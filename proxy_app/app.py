@@ -199,7 +199,10 @@ async def _websocket(scope: dict[str, Any], receive: Any, send: Any, target: Any
 
 
 async def _http(scope: dict[str, Any], receive: Any, send: Any, target: Any) -> None:
-    await forward.exchange(scope, receive, send, target, await receive())
+    try:
+        await forward.exchange(scope, receive, send, target, await receive())
+    except forward.CallerGone:
+        pass  # the browser left: its tunnel is closed, there is no one to answer
 
 
 async def _trade_link(scope: dict[str, Any], send: Any, session_id: str, app: str) -> None:

@@ -1,4 +1,4 @@
-"""ASGI entry point of the apps proxy: ``daphne -p $BAI_APPS_PORT proxy_app.asgi:application``."""
+"""ASGI entry point of the apps proxy: ``python -m proxy_app.serve -p $BAI_APPS_PORT`` (uvicorn)."""
 
 import os
 

@@ -41,6 +41,10 @@ class UpstreamError(Exception):
     pass
 
 
+class CallerGone(Exception):
+    """The caller went away while its answer was awaited or relayed: nothing more to do."""
+
+
 def _cookie_header(value: bytes) -> bytes | None:
     jar = SimpleCookie()
     try:
@@ -114,7 +118,7 @@ async def forward_http(
         body, more = event.get("body", b""), event.get("more_body", False)
         out = b""
     await tunnel.write(out + conn.send(h11.EndOfMessage()))
-    await _relay_response(conn, send, tunnel)
+    await _relay_while_caller_stays(conn, send, tunnel, receive)
     return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not conn.trailing_data[0]
 
 
@@ -142,6 +146,37 @@ async def exchange(
             await tunnels.pool.give(key, tunnel)
         else:
             await tunnel.close()
+
+
+async def _relay_while_caller_stays(
+    conn: h11.Connection, send: Any, tunnel: Tunnel, receive: Any
+) -> None:
+    """``_relay_response``, given up with ``CallerGone`` as soon as the caller leaves.
+
+    Once the request's body is in, the caller's next ``receive()`` is ``http.disconnect``,
+    either when it leaves or when its answer is complete. A server may let ``send`` to a
+    gone caller return without a word (uvicorn's does), so without this watch an answer
+    that never ends (server-sent events) or never comes (a hung app) would hold its task
+    and tunnel for ever. The watch is one task per request, cancelled with the answer."""
+    relaying = asyncio.current_task()
+    assert relaying is not None
+
+    def on_event(watch: asyncio.Future[dict[str, Any]]) -> None:
+        if relaying is not None and not watch.cancelled() and watch.exception() is None:
+            if watch.result().get("type") == "http.disconnect":
+                relaying.cancel()
+
+    watch = asyncio.ensure_future(receive())
+    watch.add_done_callback(on_event)
+    try:
+        await _relay_response(conn, send, tunnel)
+    except asyncio.CancelledError:
+        if watch.done() and relaying.uncancel() == 0:
+            raise CallerGone("the caller went away") from None
+        raise
+    finally:
+        relaying = None  # the answer is complete: a disconnect now cancels nothing
+        watch.cancel()
 
 
 async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> None:

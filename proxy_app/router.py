@@ -354,6 +354,8 @@ async def _attempt(
     try:
         try:
             await forward.exchange(scope, receive, to_caller, _target(route), first)
+        except forward.CallerGone:
+            return  # nobody to answer (and nothing to retry for)
         except (tunnels.TunnelFailed, forward.UpstreamError) as exc:
             if sent["started"]:
                 raise  # the caller has part of an answer: nothing more can be done

@@ -17,6 +17,7 @@ or the agent closes it, it leaves the pool; unused for ``IDLE_SECONDS`` it is cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from typing import Any
@@ -77,16 +78,23 @@ class Tunnel:
         return None
 
     async def write(self, data: bytes) -> None:
+        """Send ``data`` to the app; to an agent already gone it is dropped, and the next
+        ``read`` says the tunnel closed (the server raises OSError on such a send)."""
         if data and not self.closed:
-            await self._send({"type": "websocket.send", "bytes": bytes(data)})
+            with contextlib.suppress(OSError):
+                await self._send({"type": "websocket.send", "bytes": bytes(data)})
 
     async def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            await self._send({"type": "websocket.close", "code": 1000})
-        if self._pending is not None:
-            self._pending.cancel()
-        self.finished.set()
+        """Close the tunnel (if the agent has not) and end its websocket's task, always."""
+        try:
+            if not self.closed:
+                self.closed = True
+                with contextlib.suppress(OSError):  # the agent's side is already gone
+                    await self._send({"type": "websocket.close", "code": 1000})
+        finally:
+            if self._pending is not None:
+                self._pending.cancel()
+            self.finished.set()
 
     async def retire(self) -> None:
         """Close an idle tunnel; what it heard while idle (a close, a stray byte) is dropped."""

@@ -141,12 +141,11 @@ class LiveSystem:
             [
                 sys.executable,
                 "-m",
-                "daphne",
+                "proxy_app.serve",
                 "-b",
                 "127.0.0.1",
                 "-p",
                 str(self.apps_port),
-                "proxy_app.asgi:application",
             ],
             cwd=ROOT,
             env={**self.env, **extra_env},

@@ -264,8 +264,7 @@ def apps_proxy(live_server_url, live_env, apps_port, own_origin_guard, tmp_path)
     pages may then also request its per-app origins (and still nothing else)."""
     log = open(tmp_path / "apps.log", "w")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(apps_port)]
-        + ["proxy_app.asgi:application"],
+        [sys.executable, "-m", "proxy_app.serve", "-b", "127.0.0.1", "-p", str(apps_port)],
         cwd=ROOT,
         env=live_env,
         stdout=log,

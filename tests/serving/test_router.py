@@ -266,8 +266,11 @@ async def call(
     headers: list[tuple[bytes, bytes]] | None = None,
     body: bytes = b"",
     events: asyncio.Queue[dict[str, Any]] | None = None,
+    gone: asyncio.Event | None = None,
 ) -> tuple[int, dict[bytes, bytes], bytes]:
-    """One request to the apps proxy's ASGI application; (status, headers, body)."""
+    """One request to the apps proxy's ASGI application; (status, headers, body).
+
+    The caller stays until ``gone`` is set (never, without it), then disconnects."""
     raw, _, query = path.partition("?")
     scope = {
         "type": "http",
@@ -291,8 +294,8 @@ async def call(
         if not given:
             given = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the caller never goes away
-        raise AssertionError  # pragma: no cover
+        await (gone or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
 
     sent: list[dict[str, Any]] = []
 
@@ -568,6 +571,22 @@ async def test_server_sent_events_reach_the_caller_one_by_one(serving, replicas)
     assert body == b"data: one\n\ndata: two\n\n"
 
 
+async def test_a_caller_that_leaves_mid_stream_ends_its_request_and_its_tunnel(
+    serving, replicas
+) -> None:
+    a = replicas("a")
+    await serving.endpoint("llm", a.port)
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    gone = asyncio.Event()
+    request = asyncio.create_task(call("GET", "/serve/llm/sse", events=events, gone=gone))
+    await asyncio.wait_for(events.get(), 5)  # the answer's start
+    await asyncio.wait_for(events.get(), 5)  # its first event; the second never comes
+    gone.set()
+    await asyncio.wait_for(request, 5)  # not held until the replica ends its stream
+    assert not any(tunnels.pool._idle.values())  # its tunnel closed, never kept for another
+    a.gate.set()
+
+
 async def test_requests_are_recorded_per_route_in_the_metrics(serving, replicas) -> None:
     a, sick = replicas("a"), replicas("sick", status=500)
     endpoint = await serving.endpoint("measured", a.port, sick.port)
@@ -696,3 +715,19 @@ async def test_answers_to_the_managers_origin_carry_its_origin_and_never_credent
     )
     assert status == 200
     assert not any(k.startswith(b"access-control-") for k in raw_headers)
+
+
+async def test_a_tunnel_whose_agent_is_gone_drops_writes_and_still_ends_its_websocket() -> None:
+    # The apps proxy's server raises OSError on a send to a websocket whose peer left.
+    async def gone_send(_event: dict[str, Any]) -> None:
+        raise OSError("the agent's connection is gone")
+
+    async def gone_receive() -> dict[str, Any]:
+        return {"type": "websocket.disconnect", "code": 1006}
+
+    tunnel = tunnels.Tunnel(gone_receive, gone_send)
+    await tunnel.write(b"GET / HTTP/1.1\r\n\r\n")  # dropped, not raised
+    assert await tunnel.read() is None  # the read tells it closed
+    fresh = tunnels.Tunnel(gone_receive, gone_send)
+    await fresh.close()
+    assert fresh.finished.is_set()  # serve_agent_end's task ends: nothing waits for ever

@@ -37,7 +37,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-# A pooled connection unused for this long is checked with a round trip before it is handed out.
+# A pooled connection last lent this long ago or more is checked with a round trip before a loan.
 FULL_CHECK_AFTER = 10.0
 
 FAR_PAST = datetime.min.replace(tzinfo=UTC)

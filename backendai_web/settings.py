@@ -107,8 +107,6 @@ _default_db = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASE_URL = env_str("DATABASE_URL", "" if PRODUCTION else _default_db)
 if not DATABASE_URL:
     raise ImproperlyConfigured("DATABASE_URL must be set when BAI_PRODUCTION=true")
-# With CONN_HEALTH_CHECKS the pool replaces a connection the server closed (a
-# restart) instead of handing it out.
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
 }
@@ -126,6 +124,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # connection: a burst of API clients exhausted PostgreSQL's connections.
     # A request waits up to the timeout for a free connection instead.
     # CONN_MAX_AGE stays 0: a connection goes back to the pool after each use.
+    # With CONN_HEALTH_CHECKS the pool replaces a connection the server closed
+    # (a restart) instead of handing it out; it asks the server only when it has
+    # a reason to (backendai_web/db.py, installed by sessions_app).
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": BAI_DB_POOL_MIN,
         "max_size": BAI_DB_POOL_MAX,

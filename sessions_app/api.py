@@ -162,20 +162,11 @@ class AsyncApiView(APIView):
 
     DRF's checks (authentication, permissions, throttles) may query the database:
     they run in the shared thread pool, which gives the connection back after.
-    So does a handler's own ``checks_<method>(request, *args, **kwargs)``, when
-    the view has one, right after them in the same call (one thread hop and one
-    pooled connection a request, not one each); what it returns is
-    ``self.checked``. The rest (the handler, errors, rendering) runs on the event
-    loop, where the ORM is not used; handlers reach it through ``loop.db``.
+    The rest (the handler, errors, rendering) runs on the event loop, where the
+    ORM is not used; handlers reach it through ``loop.db``. (A handler that
+    only waits between two pieces of ORM work can be a sync view that gives its
+    connection back before it waits: ``execution.execute``.)
     """
-
-    checked: Any = None
-
-    def _checks(self, request: Request, method: str, *args: Any, **kwargs: Any) -> None:
-        self.initial(request, *args, **kwargs)
-        checks = getattr(self, f"checks_{method}", None)
-        if checks is not None:
-            self.checked = checks(request, *args, **kwargs)
 
     async def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         self.args, self.kwargs = args, kwargs
@@ -183,11 +174,9 @@ class AsyncApiView(APIView):
         self.request = request
         self.headers = self.default_response_headers
         try:
+            await db(self.initial)(request, *args, **kwargs)
             method = request.method.lower()
-            if method not in self.http_method_names:
-                method = ""  # no handler, no checks of one
-            await db(self._checks)(request, method, *args, **kwargs)
-            handler = getattr(self, method, None) if method else None
+            handler = getattr(self, method, None) if method in self.http_method_names else None
             response = (handler or self.http_method_not_allowed)(request, *args, **kwargs)
             if inspect.isawaitable(response):
                 response = await response
@@ -637,13 +626,10 @@ class ExecOutputSerializer(serializers.Serializer):
     )
 
 
-class SessionExecuteApi(AsyncApiView):
-    # The body, the session and its state, checked where the request's token is.
-    def checks_post(
-        self, request: Request, session_id: str
-    ) -> tuple[execution.ExecRequest, execution.ExecTarget]:
-        return execution.execute_checks(user=request.user, session_id=session_id, body=request.data)
-
+class SessionExecuteApi(APIView):
+    # A sync view: DRF's checks, the body's and the session's, and the run's record in the
+    # request's thread, one after the other; the wait on the event loop, with no connection
+    # held (execution.execute).
     @extend_schema(
         request={"application/json": openapi_schema(EXECUTE_SCHEMA)},
         responses={200: ExecOutputSerializer, **errors(409, 504)},
@@ -654,12 +640,10 @@ class SessionExecuteApi(AsyncApiView):
         "409: a batch session, a session not running, or the agent's refusal (e.g. another run "
         "is still going). 504: the agent did not answer in time.",
     )
-    async def post(self, request: Request, session_id: str) -> Response:
-        exec_request, target = self.checked
-        answer = await execution.execute_checked(
-            user=request.user, request=exec_request, target=target
+    def post(self, request: Request, session_id: str) -> Response:
+        return Response(
+            execution.execute(user=request.user, session_id=session_id, body=request.data)
         )
-        return Response(answer)
 
 
 class RunSerializer(serializers.ModelSerializer):

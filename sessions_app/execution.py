@@ -12,11 +12,14 @@ first answer (or, when none came, as a run that may be going), and closed when
 an answer says it finished or timed out; a run the agent refused to start
 leaves no row. Neither the code nor its output is kept.
 
-``execute`` (REST) asks with ``stream: false`` and waits, on the event loop,
-for the one ``exec_result``: ``BAI_EXEC_FLUSH`` seconds and ``ANSWER_GRACE``
-more at most, on the one reply channel the process keeps for these requests. The websocket (``consumers.ExecuteConsumer``) asks with ``stream:
-true`` and relays records as they come. Neither holds a thread or a database
-connection while it waits.
+``execute`` (REST) runs in the request's thread: it checks, gives its
+database connection back, asks with ``stream: false`` and waits, on the event
+loop, for the one ``exec_result`` (``BAI_EXEC_FLUSH`` seconds and
+``ANSWER_GRACE`` more at most, on the one reply channel the process keeps for
+these requests), then records the run before it answers, so the run is listed
+once its answer is out. The websocket (``consumers.ExecuteConsumer``) asks with
+``stream: true``, relays records as they come and records runs off the
+stream's path. Neither holds a database connection while it waits.
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connections
 from django.utils import timezone
 
 from agent import protocol
 
 from . import selectors
 from .errors import AgentTimeout, Conflict, InvalidInput
-from .loop import db, touch_later
+from .loop import touch_later
 from .models import TERMINAL, ExecutionRun, RunMode, RunStatus, SessionType, Status
 from .specs import EXECUTE_SCHEMA, spec_errors
 
@@ -356,37 +361,46 @@ def execute_checks(
     *, user: AbstractBaseUser, session_id: object, body: Any
 ) -> tuple[ExecRequest, ExecTarget]:
     """What ``execute`` checks before it asks the agent: the body (InvalidInput),
-    then the session (NotFound, Conflict). ORM work: call it off the event loop
-    (the API runs it in the thread that authenticated the request)."""
+    then the session (NotFound, Conflict)."""
     request = exec_request(body, max_code=settings.BAI_EXEC_MAX_CODE)
     return request, exec_target(user=user, session_id=session_id)
 
 
-async def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[str, Any]:
+def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[str, Any]:
     """Run (or continue, feed, interrupt, complete) code in a session's main1 and
     answer with what the agent gathered: ``{"status", "run_id", "exit_code",
     "records", "completions"?}``. InvalidInput, NotFound, Conflict (including the
-    agent's refusals, in its words) or AgentTimeout otherwise."""
-    request, target = await db(execute_checks)(user=user, session_id=session_id, body=body)
-    return await execute_checked(user=user, request=request, target=target)
+    agent's refusals, in its words) or AgentTimeout otherwise.
 
-
-async def execute_checked(
-    *, user: AbstractBaseUser, request: ExecRequest, target: ExecTarget
-) -> dict[str, Any]:
-    """``execute`` for a request that passed ``execute_checks``."""
-    if target.owner_acts:
-        touch_later(target.session_id)
+    Call it in a thread, never on the event loop (the API calls it in the
+    request's thread, where the request was authenticated): the checks and the
+    run's record use that thread's database connection, which goes back to the
+    pool before the wait for the agent, and the wait is on the event loop (the
+    process's reply channel). A run waiting for its agent holds no connection."""
+    request, target = execute_checks(user=user, session_id=session_id, body=body)
+    _give_back_connections()
     command = exec_command(target=target, request=request, stream=False)
     sent = Sent(request)
     answer: dict[str, Any] | None = None
     try:
-        answer = await _ask(target, command, timeout=settings.BAI_EXEC_FLUSH + ANSWER_GRACE)
+        answer = async_to_sync(_ask_as)(target, command)
     finally:
         if change := sent.history_change(answer):
-            await db(run_record)(
-                target=target, user_id=user.pk, sent=sent, answer=answer, change=change
-            )
+            run_record(target=target, user_id=user.pk, sent=sent, answer=answer, change=change)
     if answer.get("reason") is not None:
         raise Conflict(answer["reason"], _run(command))
     return {**answer_fields(answer), "records": answer["records"]}
+
+
+async def _ask_as(target: ExecTarget, command: dict[str, Any]) -> dict[str, Any]:
+    if target.owner_acts:
+        touch_later(target.session_id)
+    return await _ask(target, command, timeout=settings.BAI_EXEC_FLUSH + ANSWER_GRACE)
+
+
+def _give_back_connections() -> None:
+    """Give this thread's database connections back (to the pool) before a wait,
+    as a request's end would; one inside a transaction (a test's) stays."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()

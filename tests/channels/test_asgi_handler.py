@@ -25,7 +25,8 @@ def test_the_middleware_chain_is_synchronous():
     ("method", "path", "body", "status"),
     [
         ("GET", "/api/v1/sessions/", b"", 200),  # a sync view
-        ("POST", "/api/v1/sessions/{}/execute/", b'{"mode": "nope"}', 400),  # a coroutine view
+        ("POST", "/api/v1/sessions/{}/execute/", b'{"mode": "nope"}', 400),  # waits on the loop
+        ("GET", "/api/v1/folders/999999/files/content/?path=a", b"", 404),  # a coroutine view
         ("GET", "/no-such-page/", b"", 404),
     ],
 )

@@ -1,11 +1,11 @@
 """A code run that waits for its agent holds nothing the rest of the server needs.
 
-The execute view is a coroutine: while it waits for the agent's answer it holds no
-thread of Django's and no database connection. A live daphne with a pool of two
-connections, an agent that never answers, and four code runs waiting on it: other
-requests are still answered at once. (A view that waited in a thread would hold the
-connection its authentication took until the request ended, and the pool's two
-would be gone: the next request would wait for one until the pool's timeout.)
+The execute view gives the database connection its checks took back to the pool
+before it waits, on the event loop, for the agent's answer. A live daphne with a
+pool of two connections, an agent that never answers, and four code runs waiting on
+it: other requests are still answered at once. (A view that kept the connection its
+authentication took until the request ended would take the pool's two: the next
+request would wait for one until the pool's timeout.)
 
 Persona: ``alice`` runs code in her own session; the agent is a silent stand-in.
 """

@@ -34,6 +34,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from backendai_web import redis as shared_redis
+
 logger = logging.getLogger(__name__)
 
 FLUSH_EVERY = 0.5
@@ -165,7 +167,7 @@ class _Buffer:
             self.held_changed = False
         try:
             if self.client is None:
-                self.client = redis.Redis.from_url(settings.REDIS_URL)
+                self.client = shared_redis.client(timeout=None)
             pipe = self.client.pipeline(transaction=False)
             for field, amount in sums.items():
                 pipe.hincrbyfloat(counters_key(), field, amount)

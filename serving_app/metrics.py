@@ -27,7 +27,6 @@ import bisect
 import logging
 import math
 import os
-import threading
 import time
 import uuid
 from typing import Any
@@ -35,6 +34,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+
+from backendai_web import redis as shared_redis
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +81,11 @@ def _proc_key(proc: str) -> str:
 
 # --------------------------------------------------------------------------- clients
 
-_sync_client: redis.Redis | None = None
-_sync_lock = threading.Lock()
 _async_clients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
 
 
 def _redis() -> redis.Redis:
-    global _sync_client
-    with _sync_lock:
-        if _sync_client is None:
-            _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-        return _sync_client
+    return shared_redis.client(timeout=5)
 
 
 def _aredis() -> aioredis.Redis:

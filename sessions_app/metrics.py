@@ -28,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from backendai_web import metrics as shared
+from backendai_web import redis as shared_redis
 
 from .models import ACTIVE, Agent, AgentStatus, Kernel, Session, Status
 from .policy import reason_class
@@ -69,7 +70,7 @@ class ManagerCollector(Collector):
 
     def _redis(self) -> redis.Redis:
         if self.client is None:
-            self.client = redis.Redis.from_url(settings.REDIS_URL)
+            self.client = shared_redis.client(timeout=None)
         return self.client
 
     def collect(self) -> Iterator[Metric]:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 GIB = 2**30
@@ -45,10 +46,15 @@ def _open(page, image="bai-kernel/minimal:1"):
 
 def _fit(page, verdict: str) -> str:
     """Wait until the preview of what the dialog shows now says ``verdict``; its words."""
-    page.wait_for_function(
-        "v => window.launchFit && !window.launchFit.pending && window.launchFit.verdict === v",
-        arg=verdict,
-    )
+    try:
+        page.wait_for_function(
+            "v => window.launchFit && !window.launchFit.pending && window.launchFit.verdict === v",
+            arg=verdict,
+            timeout=60_000,  # the suite's load can slow a preview; a wrong verdict fails below
+        )
+    except PlaywrightTimeout:
+        seen = page.evaluate("() => JSON.stringify(window.launchFit || null)")
+        pytest.fail(f"the preview never said {verdict!r}; it shows {seen}")
     return page.inner_text("#fit-verdict")
 
 

@@ -13,6 +13,16 @@ reader. Everything else (groups, other processes' channels) is unchanged.
 The terminal path uses it: the browser consumer and the agent gateway address
 each other by channel name once they know it (see the consumers), so with both
 in one daphne process a keystroke and its echo never touch Redis.
+
+A group of one member can be kept local too: an agent's gateway, the one live
+connection of its agent (the newest wins), claims its agent's group
+(``claim_group``), and a ``group_send`` to that group from this process goes
+straight to the gateway's queue (a code run's command, for one). Sends from other
+processes, and to groups nobody here claimed, go through Redis as before. A claim
+ends when the gateway lets go of the group (``release_group``); while a newer
+connection of the same agent registers in another process, a command sent here
+still reaches the old connection, as a group send would, and hears that it
+closed.
 """
 
 from __future__ import annotations
@@ -35,6 +45,26 @@ class LocalFirstLoopLayer(RedisPubSubLoopLayer):  # type: ignore[misc]
 
 
 class LocalFirstPubSubChannelLayer(RedisPubSubChannelLayer):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.claims: dict[str, str] = {}  # group -> its one member, a channel of this process
+
+    def claim_group(self, group: str, channel: str) -> None:
+        """``channel`` (of this process) is from now on the one member of ``group``."""
+        self.claims[group] = channel
+
+    def release_group(self, group: str, channel: str) -> None:
+        if self.claims.get(group) == channel:
+            del self.claims[group]
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        layer = self._get_layer()
+        channel = self.claims.get(group)
+        if channel is not None and channel in layer.channels:
+            await layer.send(channel, message)
+        else:
+            await layer.group_send(group, message)
+
     def _get_layer(self) -> LocalFirstLoopLayer:
         loop = asyncio.get_running_loop()
         try:

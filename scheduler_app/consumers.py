@@ -65,6 +65,18 @@ def _db(func):  # type: ignore[no-untyped-def]
     return database_sync_to_async(func, thread_sensitive=False)
 
 
+def _claim(layer: Any, group: str, channel: str) -> None:
+    """The agent's group has one member, this connection: sends to it from this
+    process skip Redis (``backendai_web.channel_layer``; other layers have no claims)."""
+    if hasattr(layer, "claim_group"):
+        layer.claim_group(group, channel)
+
+
+def _release(layer: Any, group: str, channel: str) -> None:
+    if hasattr(layer, "release_group"):
+        layer.release_group(group, channel)
+
+
 _setup_lock = threading.Lock()
 _heartbeat_pool: ThreadPoolExecutor | None = None
 
@@ -204,6 +216,7 @@ class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer
                 },
             )
         if self.group:
+            _release(self.channel_layer, self.group, self.channel_name)
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and self.group:
             await _db(reconcile.agent_disconnected)(agent_id=self.agent_id)
@@ -293,6 +306,7 @@ class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer
             self.group, {"type": protocol.GW_AGENT_REPLACED, "channel": self.channel_name}
         )
         await self.channel_layer.group_add(self.group, self.channel_name)
+        _claim(self.channel_layer, self.group, self.channel_name)
         await self.send_json(
             {
                 "type": protocol.REGISTERED,
@@ -543,6 +557,7 @@ class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer
     async def agent_replaced(self, event: dict[str, Any]) -> None:
         if event.get("channel") != self.channel_name:
             logger.info("agent %s: a newer connection took over", self.agent_id)
+            _release(self.channel_layer, self.group, self.channel_name)
             await self.channel_layer.group_discard(self.group, self.channel_name)
             self.group = None
             await self.close(code=protocol.CLOSE_REPLACED)

@@ -480,3 +480,44 @@ async def test_the_report_backlog_of_a_connection_is_bounded(
     await comm.disconnect()
     assert len(slow_reports) <= 6
     await asyncio.sleep(0.1)
+
+
+# --- the agent's group, kept local -------------------------------------------
+
+
+async def test_a_command_from_the_gateways_own_process_skips_redis_until_it_disconnects(
+    agent, monkeypatch
+):
+    """The gateway claims its agent's group: a command sent from its process goes to
+    its queue, not out to Redis and back; once the agent is gone, sends go to Redis."""
+    from channels_redis.pubsub import RedisSingleShardConnection
+
+    published: list[str] = []
+    real = RedisSingleShardConnection.publish
+
+    async def publish(self, channel, message):
+        published.append(channel)
+        return await real(self, channel, message)
+
+    monkeypatch.setattr(RedisSingleShardConnection, "publish", publish)
+    group = protocol.agent_group(agent.pk)
+    follow = {"type": protocol.LOGS_FOLLOW, "kernel_id": "k1", "stream_id": "s1", "tail": 0}
+    comm = _connect(agent.plain_token)
+    await _register(comm)
+    published.clear()
+
+    await get_channel_layer().group_send(group, protocol.gw_agent_command(follow))
+    assert (await _frame_of(comm, protocol.LOGS_FOLLOW))["stream_id"] == "s1"
+    assert not [c for c in published if group in c]
+
+    # A newer connection of the agent takes over: the command reaches it, not the old one.
+    newer = _connect(agent.plain_token)
+    await _register(newer)
+    await get_channel_layer().group_send(group, protocol.gw_agent_command(follow))
+    assert (await _frame_of(newer, protocol.LOGS_FOLLOW))["stream_id"] == "s1"
+    assert not [c for c in published if group in c]
+
+    await newer.disconnect()
+    await comm.disconnect()
+    await get_channel_layer().group_send(group, protocol.gw_agent_command(follow))
+    assert [c for c in published if group in c]

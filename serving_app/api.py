@@ -184,6 +184,10 @@ class EndpointCreateSerializer(StrictInputSerializer):
         r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$",
         max_length=64,
         help_text="Lower-case letters, digits, '-': the URL /serve/<name>/ (unique over all users).",
+        error_messages={
+            "invalid": "use lower-case letters, digits and '-' (not first or last), up to 64: "
+            "it becomes the URL /serve/<name>/"
+        },
     )
     image = serializers.CharField(max_length=255)
     model_folder = serializers.CharField(

@@ -98,6 +98,8 @@ def test_a_bad_endpoint_is_refused_with_a_400_naming_the_field_and_nothing_is_wr
     body = response.json()
     assert field in body["extra"]["fields"], body
     assert body["message"]
+    if field == "name":  # the rule in words, not "does not match the required pattern"
+        assert "lower-case letters, digits and '-'" in body["extra"]["fields"]["name"][0]
     assert not Endpoint.objects.exists()
     assert not EndpointEvent.objects.exists()
 

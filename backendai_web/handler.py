@@ -17,17 +17,115 @@ loop by Django (``async_to_sync``), as it was inside the sync part of the mixed
 chain: waiting there holds no database connection (its ORM work goes through
 ``loop.db``). Only the order of the hops changes; every middleware and view does
 what it did.
+
+**The request's thread is reused.** Django gives each request a thread of its
+own (asgiref's ``ThreadSensitiveContext``): a new one, started at the request's
+first hop and joined at its end. Here each request still has one thread for
+its whole life (every hop of it, as Django's thread-sensitive code expects),
+but the thread comes from a free list and goes back to it once free, as
+asgiref's ``ThreadSensitiveContext(executor=...)`` is meant to be used. A
+request's database connections go back to the pool at its end
+(``request_finished``), as before, so a kept thread holds none.
+
+**Work after the answer.** ``after_response(func)`` runs ``func`` in the
+request's thread once the answer has been sent (or the request ended without
+one: the client left), then gives the thread's database connections back. A
+code run's history row is written so, off the run's path.
 """
 
 from __future__ import annotations
 
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
+
+# Idle request threads kept for the next requests; past this, a finished request's
+# thread ends (a burst of many requests at once leaves no crowd of idle threads).
+KEPT_THREADS = 32
+
+_after: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "after_response", default=None
+)
+
+
+def after_response(func: Callable[[], None]) -> None:
+    """Run ``func`` once this request's answer is out, in the request's thread;
+    at once outside a request served by ``OneHopASGIHandler`` (the test client,
+    a shell). Its errors are logged, never the client's."""
+    pending = _after.get()
+    if pending is None:
+        func()
+    else:
+        pending.append(func)
+
+
+def _run_after(pending: list[Callable[[], None]]) -> None:
+    try:
+        for func in pending:
+            try:
+                func()
+            except Exception:
+                logger.exception("work after a response failed")
+    finally:
+        close_old_connections()
+
+
+class RequestThreads:
+    """Single-thread executors, each lent to one request at a time."""
+
+    def __init__(self, keep: int = KEPT_THREADS) -> None:
+        self.keep = keep
+        self.idle: list[ThreadPoolExecutor] = []
+        self.lock = threading.Lock()
+
+    def borrow(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.idle:
+                return self.idle.pop()
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
+
+    def give_back(self, executor: ThreadPoolExecutor) -> None:
+        """Keep ``executor`` for another request once its thread is free: the view
+        of a request whose client left may still be running there."""
+        executor.submit(int).add_done_callback(lambda _: self._keep(executor))
+
+    def _keep(self, executor: ThreadPoolExecutor) -> None:
+        with self.lock:
+            if len(self.idle) < self.keep:
+                self.idle.append(executor)
+                return
+        executor.shutdown(wait=False)
 
 
 class OneHopASGIHandler(ASGIHandler):
+    threads = RequestThreads()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        executor = self.threads.borrow()
+        pending: list[Callable[[], None]] = []
+        token = _after.set(pending)
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                try:
+                    await self.handle(scope, receive, send)
+                finally:
+                    if pending:
+                        await sync_to_async(_run_after, thread_sensitive=True)(pending)
+        finally:
+            _after.reset(token)
+            self.threads.give_back(executor)
+
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 

@@ -16,8 +16,11 @@ leaves no row. Neither the code nor its output is kept.
 database connection back, asks with ``stream: false`` and waits, on the event
 loop, for the one ``exec_result`` (``BAI_EXEC_FLUSH`` seconds and
 ``ANSWER_GRACE`` more at most, on the one reply channel the process keeps for
-these requests), then records the run before it answers, so the run is listed
-once its answer is out. The websocket (``consumers.ExecuteConsumer``) asks with
+these requests), and answers. The row of a run that this answer ended is
+written in the same thread right after the answer is out
+(``handler.after_response``), so it costs the caller no wait; the row of a run
+still going (or never answered) is written before the answer, so the answer
+that ends it finds it. The websocket (``consumers.ExecuteConsumer``) asks with
 ``stream: true``, relays records as they come and records runs off the
 stream's path. Neither holds a database connection while it waits.
 """
@@ -32,6 +35,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -42,6 +46,7 @@ from django.db import connections
 from django.utils import timezone
 
 from agent import protocol
+from backendai_web.handler import after_response
 
 from . import selectors
 from .errors import AgentTimeout, Conflict, InvalidInput
@@ -386,7 +391,16 @@ def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[st
         answer = async_to_sync(_ask_as)(target, command)
     finally:
         if change := sent.history_change(answer):
-            run_record(target=target, user_id=user.pk, sent=sent, answer=answer, change=change)
+            record = partial(
+                run_record, target=target, user_id=user.pk, sent=sent, answer=answer, change=change
+            )
+            # A run that ended with this answer is written once the answer is out:
+            # nothing of it can come after. One still going (or unanswered) is
+            # written first, so the answer that ends it later finds its row.
+            if answer is not None and answer.get("status") in ENDS_RUN:
+                after_response(record)
+            else:
+                record()
     if answer.get("reason") is not None:
         raise Conflict(answer["reason"], _run(command))
     return {**answer_fields(answer), "records": answer["records"]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -12,7 +13,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, F, Prefetch, Q, QuerySet, TextField, prefetch_related_objects
+from django.db import connection
+from django.db.models import Count, Prefetch, Q, QuerySet, TextField, prefetch_related_objects
 from django.db.models.functions import Cast
 
 from bai_common import units
@@ -120,27 +122,58 @@ def get_session_main_for_user(
 def session_main_facts_for_user(*, user: AbstractBaseUser, session_id: object) -> dict[str, Any]:
     """What a code run checks of a visible session and its main1, in one query
     (it is on every run's path): ``session_id``, ``kernel_id``, ``agent_id``,
-    ``status``, ``status_reason``, ``session_type``, ``owner_id``."""
+    ``status``, ``status_reason``, ``session_type``, ``owner_id``.
+
+    The query is written as SQL (``_main_facts_sql``), with the ownership rule of
+    ``_visible``: building and compiling it with the ORM took three times what
+    the database took to answer it."""
     pk = as_uuid(session_id)
-    main = Session.objects.filter(pk=pk, kernels__cluster_role="main")
-    row = (
-        _visible(main, user)
-        .values(
-            "status",
-            "status_reason",
-            "session_type",
-            "owner_id",
-            session_id=F("pk"),
-            kernel_id=F("kernels__pk"),
-            agent_id=F("kernels__agent_id"),
-        )
-        .first()
-        if pk
-        else None
-    )
+    row = None
+    if pk is not None:
+        params: list[Any] = [Session._meta.pk.get_db_prep_value(pk, connection), "main"]
+        if not user.is_staff:
+            params.append(user.pk)
+        with connection.cursor() as cursor:
+            cursor.execute(_main_facts_sql(connection.vendor, owned=not user.is_staff), params)
+            row = cursor.fetchone()
     if row is None:
         raise NotFound("No such session.")
-    return row
+    facts = dict(zip(MAIN_FACTS, row, strict=True))
+    facts["session_id"] = Session._meta.pk.to_python(facts["session_id"])
+    facts["kernel_id"] = Kernel._meta.pk.to_python(facts["kernel_id"])
+    return facts
+
+
+MAIN_FACTS = (
+    "status",
+    "status_reason",
+    "session_type",
+    "owner_id",
+    "session_id",
+    "kernel_id",
+    "agent_id",
+)
+
+
+@functools.cache
+def _main_facts_sql(vendor: str, *, owned: bool) -> str:
+    """``MAIN_FACTS`` of session %s (pk) and its kernel of role %s, and, when
+    ``owned``, only if its owner is %s; names from the models' own metadata."""
+    q = connection.ops.quote_name
+    session, kernel = Session._meta, Kernel._meta
+
+    def col(meta: Any, alias: str, name: str) -> str:
+        return f"{alias}.{q(meta.get_field(name).column)}"
+
+    return (
+        f"SELECT {col(session, 's', 'status')}, {col(session, 's', 'status_reason')}, "
+        f"{col(session, 's', 'session_type')}, {col(session, 's', 'owner')}, "
+        f"{col(session, 's', 'id')}, {col(kernel, 'k', 'id')}, {col(kernel, 'k', 'agent')} "
+        f"FROM {q(session.db_table)} s INNER JOIN {q(kernel.db_table)} k "
+        f"ON {col(kernel, 'k', 'session')} = {col(session, 's', 'id')} "
+        f"WHERE {col(session, 's', 'id')} = %s AND {col(kernel, 'k', 'cluster_role')} = %s"
+        + (f" AND {col(session, 's', 'owner')} = %s" if owned else "")
+    )
 
 
 def session_runs(*, session: Session) -> QuerySet[ExecutionRun]:

@@ -128,7 +128,8 @@ async def test_a_query_goes_to_main1s_agent_and_its_answer_comes_back(
         "exit_code": 0,
         "records": [stdout("42\n")],
     }
-    (row,) = await runs_of(running)
+    # Written right after the answer went out (the caller does not wait for it).
+    (row,) = await runs_when(running, lambda rows: rows)
     assert (row.run_id, row.mode, row.status, row.exit_code) == (
         command["run_id"],
         "query",
@@ -156,7 +157,7 @@ async def test_a_long_run_is_continued_until_it_finishes_and_recorded_once(
     await answer(fake_agent, command, exit_code=3, records=[stdout("2\n")])
     status, body = await request
     assert (status, body["status"], body["exit_code"]) == (200, "finished", 3)
-    (row,) = await runs_of(running)
+    (row,) = await runs_when(running, lambda rows: rows[0].status != "running")
     assert (row.run_id, row.status, row.exit_code) == ("r1", "finished", 3)
 
 
@@ -167,7 +168,7 @@ async def test_a_run_past_its_timeout_is_recorded_as_such(running, alice, fake_a
     assert command["options"] == {"timeout": 2}
     await answer(fake_agent, command, status="exec-timeout", exit_code=None)
     assert (await request)[1]["status"] == "exec-timeout"
-    (row,) = await runs_of(running)
+    (row,) = await runs_when(running, lambda rows: rows)
     assert (row.status, row.exit_code) == ("exec-timeout", None)
     assert row.finished_at is not None
 
@@ -256,7 +257,7 @@ async def test_an_admin_may_run_code_in_anyones_session_without_counting_as_its_
     request = execute(running, await token_of(admin), {"mode": "query", "code": "1"})
     await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC))
     assert (await request)[0] == 200
-    assert (await runs_of(running))[0].user_id == admin.pk
+    assert (await runs_when(running, lambda rows: rows))[0].user_id == admin.pk
     await asyncio.sleep(consumers_touch_gap() + 0.2)
     session = await sync_to_async(Session.objects.get)(pk=running.pk)
     assert session.last_activity_at == long_ago

@@ -625,6 +625,8 @@ def _session_ended(event: dict[str, Any], session_id: str | None) -> str | None:
 
 # Requests of one socket waiting for their answers at once.
 MAX_PENDING_RUNS = 16
+# Seconds a code stream gathers its history's writes before it writes them.
+HISTORY_GATHER = 0.05
 # What each browser message may hold besides its type.
 EXEC_MESSAGES = {
     "run": ("mode", "code", "options", "run_id"),
@@ -692,6 +694,7 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         self.user_id = user.pk
         self.pending: dict[str, execution.Sent] = {}  # by request id
         self.history: asyncio.Task[None] | None = None
+        self.writes: list[execution.HistoryWrite] = []
         self.max_frame = code_run_limit()
         # The owner's status pushes say when the session ends under the runs.
         self.owner_group = protocol.user_group(target.owner_id)
@@ -754,19 +757,22 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
 
     def _record(self, sent: execution.Sent, answer: dict[str, Any] | None) -> None:
         """Write what an answer changes in the history after what came before,
-        off the stream's path (the next request need not wait for it)."""
+        off the stream's path (the next request need not wait for it), gathered
+        for ``HISTORY_GATHER`` seconds: a quick run is one write of the run as
+        it ended."""
         change = sent.history_change(answer)
         if change is None:
             return
-        write = db(execution.run_record)
-        target, user_id, previous = self.target, self.user_id, self.history
+        self.writes.append((sent, answer, change))
+        if self.history is None or self.history.done():
+            self.history = asyncio.create_task(self._write_history())
 
-        async def in_order() -> None:
-            if previous is not None:
-                await asyncio.wait([previous])
-            await write(target=target, user_id=user_id, sent=sent, answer=answer, change=change)
-
-        self.history = asyncio.create_task(in_order())
+    async def _write_history(self) -> None:
+        target, user_id = self.target, self.user_id
+        await asyncio.sleep(HISTORY_GATHER)
+        while self.writes:
+            writes, self.writes = self.writes, []
+            await db(execution.write_history)(target=target, user_id=user_id, writes=writes)
 
     async def _records(self, event: dict[str, Any]) -> None:
         await self.send(

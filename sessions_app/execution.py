@@ -239,6 +239,40 @@ def run_record(
         ).update(**fields)
 
 
+# One change to a run's row: what was sent, the answer, and ``Sent.history_change``'s word.
+HistoryWrite = tuple[Sent, dict[str, Any] | None, str]
+
+
+def coalesce_history(writes: list[HistoryWrite]) -> list[HistoryWrite]:
+    """``writes`` in order, with a run made and closed within them written once:
+    its "create" takes the answer that closed it (a quick run's row is one insert
+    of the run as it ended, instead of an insert and an update)."""
+    out: list[HistoryWrite] = []
+    created: dict[str, int] = {}  # run id -> its create's place in ``out``
+    for sent, answer, change in writes:
+        run_id = answer.get("run_id") if answer is not None else None
+        if change == "close" and run_id in created:
+            place = created.pop(run_id)
+            out[place] = (out[place][0], answer, "create")
+            continue
+        if change == "create" and sent.request.run_id is not None:
+            created[sent.request.run_id] = len(out)
+        out.append((sent, answer, change))
+    return out
+
+
+def write_history(*, target: ExecTarget, user_id: int, writes: list[HistoryWrite]) -> None:
+    """Apply ``writes`` (coalesced) in order, each on its own: one that fails is
+    logged and the others are still written."""
+    for sent, answer, change in coalesce_history(writes):
+        try:
+            run_record(target=target, user_id=user_id, sent=sent, answer=answer, change=change)
+        except Exception:
+            logger.exception(
+                "recording run %s of session %s", sent.request.run_id, target.session_id
+            )
+
+
 # --- the agent ---------------------------------------------------------------
 
 

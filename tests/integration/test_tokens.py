@@ -15,7 +15,7 @@ from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from sessions_app.tokens import PREFIX_LENGTH, token_create, user_for_token
+from sessions_app.tokens import PREFIX_LENGTH, token_candidates, token_create, user_for_token
 
 pytestmark = pytest.mark.django_db
 
@@ -164,3 +164,21 @@ def test_an_admin_revokes_anyones_tokens(client, admin, alice, bob):
 def test_tokens_are_not_made_in_the_admin(client, admin):
     client.force_login(admin)
     assert client.get("/admin/knox/authtoken/add/").status_code == 403
+
+
+def test_a_tokens_lookup_reads_the_token_and_its_user_as_the_orm_does(alice, bob):
+    """The lookup on every request's path is SQL of its own: what it reads must be
+    what knox's query would (every field, converted alike), and only that key's."""
+    token, key = token_create(user=alice)
+    token_create(user=bob)
+    prefix = key[: len(token.token_key)]
+
+    (found,) = token_candidates(prefix)
+    orm = AuthToken.objects.select_related("user").get(pk=token.pk)
+
+    for field in AuthToken._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(orm, field.attname), field.name
+    for field in type(alice)._meta.concrete_fields:
+        assert getattr(found.user, field.attname) == getattr(orm.user, field.attname), field.name
+    assert found.expiry.tzinfo is not None and found.user == alice
+    assert token_candidates("no-such") == []

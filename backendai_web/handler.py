@@ -28,8 +28,9 @@ request's database connections go back to the pool at its end
 (``request_finished``), as before, so a kept thread holds none.
 
 **Work after the answer.** ``after_response(func)`` runs ``func`` in the
-request's thread once the answer has been sent (or the request ended without
-one: the client left), then gives the thread's database connections back. A
+request's thread once the answer has been sent, when Django closes the
+response (or, when the request ended without one because the client left,
+after it), before the thread's database connections go back to the pool. A
 code run's history row is written so, off the run's path.
 """
 
@@ -52,7 +53,35 @@ logger = logging.getLogger(__name__)
 # thread ends (a burst of many requests at once leaves no crowd of idle threads).
 KEPT_THREADS = 32
 
-_after: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+
+class AfterResponse:
+    """What a request does once its answer is out (``after_response``)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+        self.done = False
+
+    def run(self) -> None:
+        """Run what is pending. Called by the response's ``close()`` (once sent:
+        in the request's thread, just before ``request_finished`` gives its
+        connections back), or by ``run_alone`` for a request that ended with no
+        response closed (its client left, maybe while its view still ran)."""
+        self.done = True
+        while self.pending:
+            func = self.pending.pop(0)
+            try:
+                func()
+            except Exception:
+                logger.exception("work after a response failed")
+
+    def run_alone(self) -> None:
+        try:
+            self.run()
+        finally:
+            close_old_connections()
+
+
+_after: contextvars.ContextVar[AfterResponse | None] = contextvars.ContextVar(
     "after_response", default=None
 )
 
@@ -61,22 +90,11 @@ def after_response(func: Callable[[], None]) -> None:
     """Run ``func`` once this request's answer is out, in the request's thread;
     at once outside a request served by ``OneHopASGIHandler`` (the test client,
     a shell). Its errors are logged, never the client's."""
-    pending = _after.get()
-    if pending is None:
+    after = _after.get()
+    if after is None or after.done:
         func()
     else:
-        pending.append(func)
-
-
-def _run_after(pending: list[Callable[[], None]]) -> None:
-    try:
-        for func in pending:
-            try:
-                func()
-            except Exception:
-                logger.exception("work after a response failed")
-    finally:
-        close_old_connections()
+        after.pending.append(func)
 
 
 class RequestThreads:
@@ -113,15 +131,16 @@ class OneHopASGIHandler(ASGIHandler):
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         executor = self.threads.borrow()
-        pending: list[Callable[[], None]] = []
-        token = _after.set(pending)
+        after = AfterResponse()
+        token = _after.set(after)
         try:
             async with ThreadSensitiveContext(executor=executor):
                 try:
                     await self.handle(scope, receive, send)
                 finally:
-                    if pending:
-                        await sync_to_async(_run_after, thread_sensitive=True)(pending)
+                    if not after.done:  # no response was closed: the client left
+                        # In the request's thread, so after its view (if it still runs).
+                        await sync_to_async(after.run_alone, thread_sensitive=True)()
         finally:
             _after.reset(token)
             self.threads.give_back(executor)
@@ -132,4 +151,9 @@ class OneHopASGIHandler(ASGIHandler):
     async def get_response_async(self, request: Any) -> Any:
         # Thread-sensitive: the request's own thread (ASGIHandler gives each
         # request a context of its own), as Django runs a sync view.
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        response = await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        after = _after.get()
+        if after is not None:
+            # Django's handler closes a response in the request's thread once sent.
+            response._resource_closers.append(after.run)
+        return response

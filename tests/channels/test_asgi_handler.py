@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.core.signals import request_started
 
 from backendai_web.asgi import django_asgi_app
 from backendai_web.handler import OneHopASGIHandler
@@ -73,6 +75,7 @@ async def _drive(path: str, *, client_leaves: bool = False) -> None:
         if len(asked) == 1:
             return {"type": "http.request", "body": b"", "more_body": False}
         if client_leaves:
+            await asyncio.sleep(0.1)  # while the view runs
             return {"type": "http.disconnect"}
         await asyncio.Event().wait()  # the client stays until the handler is done
 
@@ -96,8 +99,17 @@ def after_views(settings):
 
 
 async def test_work_after_the_response_runs_once_it_is_sent_in_the_views_thread(after_views):
-    await _drive("/answer/")
-    (_, thread), *sent, after = after_views
+    def started(**kwargs: object) -> None:
+        after_views.append(("started", threading.get_ident()))
+
+    request_started.connect(started)
+    try:
+        await _drive("/answer/")
+    finally:
+        request_started.disconnect(started)
+    # request_started is sent once, in the view's own thread, before the view.
+    (_, thread), view, *sent, after = after_views
+    assert view == ("view", thread)
     assert sent == [("send", "http.response.start"), ("send", "http.response.body")]
     assert after == ("after", thread)
 

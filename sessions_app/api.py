@@ -629,7 +629,9 @@ class ExecOutputSerializer(serializers.Serializer):
 class SessionExecuteApi(APIView):
     # A sync view: DRF's checks, the body's and the session's, and the run's record in the
     # request's thread, one after the other; the wait on the event loop, with no connection
-    # held (execution.execute).
+    # held (execution.execute). A token's check reads the session's facts beside the token.
+    token_reads_main_facts = True
+
     @extend_schema(
         request={"application/json": openapi_schema(EXECUTE_SCHEMA)},
         responses={200: ExecOutputSerializer, **errors(409, 504)},
@@ -642,7 +644,12 @@ class SessionExecuteApi(APIView):
     )
     def post(self, request: Request, session_id: str) -> Response:
         return Response(
-            execution.execute(user=request.user, session_id=session_id, body=request.data)
+            execution.execute(
+                user=request.user,
+                session_id=session_id,
+                body=request.data,
+                read=getattr(request.auth, "read_facts", None),
+            )
         )
 
 

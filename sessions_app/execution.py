@@ -152,11 +152,24 @@ def _invalid(errors: dict[str, list[str]]) -> InvalidInput:
     return InvalidInput(f"{name}: {messages[0]}", errors)
 
 
-def exec_target(*, user: AbstractBaseUser, session_id: object) -> ExecTarget:
+@dataclass(frozen=True)
+class ReadFacts:
+    """main1's facts, already read with the request's token
+    (``selectors.token_candidates_with_main_facts``); None: no such session."""
+
+    facts: dict[str, Any] | None
+
+
+def exec_target(
+    *, user: AbstractBaseUser, session_id: object, read: ReadFacts | None = None
+) -> ExecTarget:
     """main1 of a session the user may run code in: NotFound for anyone but its
     owner or an admin, Conflict (with ``extra.status``) for a batch session or
-    one that is not RUNNING."""
-    facts = selectors.session_main_facts_for_user(user=user, session_id=session_id)
+    one that is not RUNNING. ``read``: the facts, when they were read already."""
+    if read is None:
+        facts = selectors.session_main_facts_for_user(user=user, session_id=session_id)
+    else:
+        facts = selectors.visible_main_facts(user=user, facts=read.facts)
     if facts["session_type"] == SessionType.BATCH:
         raise Conflict(BATCH_SESSION, {"status": facts["status"]})
     if facts["status"] != Status.RUNNING or facts["agent_id"] is None:
@@ -397,15 +410,17 @@ def answer_fields(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 def execute_checks(
-    *, user: AbstractBaseUser, session_id: object, body: Any
+    *, user: AbstractBaseUser, session_id: object, body: Any, read: ReadFacts | None = None
 ) -> tuple[ExecRequest, ExecTarget]:
     """What ``execute`` checks before it asks the agent: the body (InvalidInput),
     then the session (NotFound, Conflict)."""
     request = exec_request(body, max_code=settings.BAI_EXEC_MAX_CODE)
-    return request, exec_target(user=user, session_id=session_id)
+    return request, exec_target(user=user, session_id=session_id, read=read)
 
 
-def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[str, Any]:
+def execute(
+    *, user: AbstractBaseUser, session_id: object, body: Any, read: ReadFacts | None = None
+) -> dict[str, Any]:
     """Run (or continue, feed, interrupt, complete) code in a session's main1 and
     answer with what the agent gathered: ``{"status", "run_id", "exit_code",
     "records", "completions"?}``. InvalidInput, NotFound, Conflict (including the
@@ -416,7 +431,7 @@ def execute(*, user: AbstractBaseUser, session_id: object, body: Any) -> dict[st
     run's record use that thread's database connection, which goes back to the
     pool before the wait for the agent, and the wait is on the event loop (the
     process's reply channel). A run waiting for its agent holds no connection."""
-    request, target = execute_checks(user=user, session_id=session_id, body=body)
+    request, target = execute_checks(user=user, session_id=session_id, body=body, read=read)
     _give_back_connections()
     command = exec_command(target=target, request=request, stream=False)
     sent = Sent(request)

@@ -6,6 +6,7 @@ websockets alike."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from hmac import compare_digest
 from typing import Any
 
@@ -60,7 +61,7 @@ class ExpiringTokenAuthentication(TokenAuthentication):
     def authenticate_credentials(self, token: bytes) -> tuple[Any, AuthToken]:
         key = token.decode("utf-8", errors="replace")
         digest = hash_token(key)
-        for candidate in token_candidates(key[: CONSTANTS.TOKEN_KEY_LENGTH]):
+        for candidate in self.candidates(key[: CONSTANTS.TOKEN_KEY_LENGTH]):
             if not compare_digest(digest, candidate.digest):
                 continue
             if token_is_expired(candidate):
@@ -71,46 +72,94 @@ class ExpiringTokenAuthentication(TokenAuthentication):
             return self.validate_user(candidate)
         raise AuthenticationFailed("Invalid token.")
 
+    def authenticate(self, request: Any) -> Any:
+        context = getattr(request, "parser_context", None) or {}
+        self.main_facts_of = (
+            context.get("kwargs", {}).get("session_id")
+            if getattr(context.get("view"), "token_reads_main_facts", False)
+            else None
+        )
+        return super().authenticate(request)
+
+    def candidates(self, token_key: str) -> list[AuthToken]:
+        """The tokens of ``token_key``; for a view that says ``token_reads_main_facts``
+        (code runs), each with the URL's session's main1 facts read in the same query,
+        as ``read_facts`` (who may see them is decided after, by the user)."""
+        if getattr(self, "main_facts_of", None) is None:
+            return token_candidates(token_key)
+        from .execution import ReadFacts
+        from .selectors import token_candidates_with_main_facts
+
+        found = token_candidates_with_main_facts(token_key, self.main_facts_of)
+        for token, facts in found:
+            token.read_facts = ReadFacts(facts)
+        return [token for token, _ in found]
+
 
 def token_candidates(token_key: str) -> list[AuthToken]:
     """The tokens whose key (a token's first characters) is ``token_key``, each
     with its user: knox's ``AuthToken.objects.filter(token_key=...)
     .select_related("user")``, in SQL written once per database
-    (``_candidates_sql``), its columns read with the ORM's own converters. It is
+    (``candidates_query``), its columns read with the ORM's own converters. It is
     on every API request's path, where building and compiling the query with
     the ORM took longer than the database took to answer it."""
-    sql, token_fields, user_fields = _candidates_sql(connection.vendor)
+    query = candidates_query(connection.vendor)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [token_key])
-        rows = cursor.fetchall()
-    split = len(token_fields)
-    candidates = []
-    for row in rows:
+        cursor.execute(
+            f"SELECT {query.columns} FROM {query.source} WHERE {query.where}", [token_key]
+        )
+        return [query.read(row) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class CandidatesQuery:
+    """The pieces of the candidates' SQL (``t`` the token, ``u`` its user), so a
+    query that reads more beside the token (``selectors``) is built on them."""
+
+    columns: str
+    source: str
+    where: str  # one parameter: the token key
+    token_fields: tuple[Field, ...]
+    user_fields: tuple[Field, ...]
+
+    @property
+    def width(self) -> int:
+        return len(self.token_fields) + len(self.user_fields)
+
+    def read(self, row: tuple[Any, ...]) -> AuthToken:
+        """The token of a row's first ``width`` columns, its user set."""
+        split = len(self.token_fields)
         token = AuthToken.from_db(
-            connection.alias, [f.attname for f in token_fields], _read(token_fields, row[:split])
+            connection.alias,
+            [f.attname for f in self.token_fields],
+            _read(self.token_fields, row[:split]),
         )
         token.user = get_user_model().from_db(
-            connection.alias, [f.attname for f in user_fields], _read(user_fields, row[split:])
+            connection.alias,
+            [f.attname for f in self.user_fields],
+            _read(self.user_fields, row[split : self.width]),
         )
-        candidates.append(token)
-    return candidates
+        return token
 
 
 @functools.cache
-def _candidates_sql(vendor: str) -> tuple[str, tuple[Field, ...], tuple[Field, ...]]:
+def candidates_query(vendor: str) -> CandidatesQuery:
     q = connection.ops.quote_name
     token_fields = tuple(AuthToken._meta.concrete_fields)
     user_model = get_user_model()
     user_fields = tuple(user_model._meta.concrete_fields)
     columns = [f"t.{q(f.column)}" for f in token_fields] + [f"u.{q(f.column)}" for f in user_fields]
     user_fk = AuthToken._meta.get_field("user")
-    sql = (
-        f"SELECT {', '.join(columns)} FROM {q(AuthToken._meta.db_table)} t "
-        f"INNER JOIN {q(user_model._meta.db_table)} u "
-        f"ON t.{q(user_fk.column)} = u.{q(user_fk.target_field.column)} "
-        f"WHERE t.{q(AuthToken._meta.get_field('token_key').column)} = %s"
+    return CandidatesQuery(
+        columns=", ".join(columns),
+        source=(
+            f"{q(AuthToken._meta.db_table)} t INNER JOIN {q(user_model._meta.db_table)} u "
+            f"ON t.{q(user_fk.column)} = u.{q(user_fk.target_field.column)}"
+        ),
+        where=f"t.{q(AuthToken._meta.get_field('token_key').column)} = %s",
+        token_fields=token_fields,
+        user_fields=user_fields,
     )
-    return sql, token_fields, user_fields
 
 
 def _read(fields: tuple[Field, ...], values: tuple[Any, ...]) -> list[Any]:

@@ -19,11 +19,14 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
+from knox.crypto import hash_token
+from knox.models import AuthToken
 
 from agent import protocol
 from backendai_web.asgi import application
 from scheduler_app import reconcile
-from sessions_app import consumers, execution, services
+from sessions_app import consumers, execution, selectors, services
+from sessions_app.errors import NotFound
 from sessions_app.models import ExecutionRun, Kernel, Session, Status
 from sessions_app.tokens import token_create
 
@@ -247,6 +250,45 @@ async def test_bob_cannot_run_code_in_alices_session(running, bob, fake_agent):
     assert (status, body["message"]) == (404, "No such session.")
     await no_frame_of(fake_agent, protocol.EXEC)
     assert await runs_of(running) == []
+
+
+@pytest.mark.parametrize("session_id", ["00000000-0000-0000-0000-000000000000", "not-a-uuid"])
+async def test_no_such_session_is_a_404_and_asks_no_agent(running, alice, fake_agent, session_id):
+    status, body = await call(
+        "POST",
+        f"/api/v1/sessions/{session_id}/execute/",
+        await token_of(alice),
+        {"mode": "query", "code": "1"},
+    )
+    assert (status, body["message"]) == (404, "No such session.")
+    await no_frame_of(fake_agent, protocol.EXEC)
+
+
+async def test_the_token_and_the_sessions_facts_are_read_in_one_query_as_each_alone(
+    running, alice, bob
+):
+    """The execute endpoint's token check reads main1's facts beside the token;
+    each user then sees them only as the ownership rule lets them."""
+
+    def read(user):
+        _, key = token_create(user=user)
+        prefix = key[: len(AuthToken.objects.filter(user=user).latest("created").token_key)]
+        ((token, facts),) = selectors.token_candidates_with_main_facts(prefix, str(running.pk))
+        assert token.user == user and token.digest == hash_token(key)
+        alone = (
+            selectors.session_main_facts_for_user(user=user, session_id=running.pk)
+            if user == alice
+            else None
+        )
+        return facts, alone
+
+    facts, alone = await sync_to_async(read)(alice)
+    assert facts == alone and facts["kernel_id"] == running.pk  # main1's id is the session's
+    assert selectors.visible_main_facts(user=alice, facts=facts) == facts
+    facts, _ = await sync_to_async(read)(bob)
+    assert facts == alone  # read whoever asks; bob is refused after, by the rule:
+    with pytest.raises(NotFound):
+        selectors.visible_main_facts(user=bob, facts=facts)
 
 
 async def test_an_admin_may_run_code_in_anyones_session_without_counting_as_its_owner(

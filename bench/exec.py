@@ -11,7 +11,9 @@ same run and on the same ipykernel (the code runner's, in main1):
    one kept-alive connection), through the websocket (``/ws/.../execute/``), and
    through jupyter_client itself: a python3 started by ``docker exec`` in main1 that
    connects to the runner's kernel with its connection file (execute_request until
-   the reply and the kernel's idle status). Target: at most 5 ms added at p50.
+   the reply and the kernel's idle status), timed in main1. The three take turns, 25
+   runs each, so they meet the machine as it is in the same minutes (its speed swings
+   by up to 1.5x over minutes). Target: at most 5 ms added at p50.
 2. streamed output: a run printing ``--mb`` MiB as fast as it can, read through the
    websocket and through REST ``continue`` requests (MB/s of record data, from the
    request to the final result). Target: >= 10 MB/s through the websocket.
@@ -38,9 +40,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 import streams  # noqa: E402
 from streams import Stack, launch, pct  # noqa: E402
 
-# Runs in main1 as the kernel user: jupyter_client on the runner's kernel, timed there.
+# Runs in main1 as the kernel user: jupyter_client on the runner's kernel. It times one
+# round trip per line it reads (so the bench can take turns with the other paths), and
+# prints each time.
 DIRECT = """
-import glob, json, os, sys, time
+import glob, os, sys, time
 from jupyter_client import BlockingKernelClient
 path = max(glob.glob("/tmp/bai-runner-*/kernel-*.json"), key=os.path.getmtime)
 client = BlockingKernelClient()
@@ -62,15 +66,47 @@ def once():
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 idle = True
 
-for _ in range(20):
-    once()
-times = []
-for _ in range(int(sys.argv[1])):
+def drain():
+    # The kernel sends every client what the other paths' runs printed: read it
+    # before the clock starts.
+    while True:
+        try:
+            client.get_iopub_msg(timeout=0.001)
+        except Exception:
+            return
+
+print("ready", flush=True)
+for line in sys.stdin:
+    drain()
     start = time.perf_counter()
     once()
-    times.append(time.perf_counter() - start)
-print(json.dumps(times))
+    print(time.perf_counter() - start, flush=True)
 """
+
+
+class Direct:
+    """jupyter_client in main1 (``DIRECT``), one round trip per ``once()``."""
+
+    def __init__(self, container_id: str) -> None:
+        self.proc = subprocess.Popen(
+            ["docker", "exec", "-i", "-u", "1000", container_id, "python3", "-c", DIRECT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise SystemExit("jupyter_client did not reach the runner's kernel")
+
+    def once(self) -> float:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
 FLOOD = (
     "import sys\nline = 'x' * 1023 + '\\n'\nblock = line * 64\n"
     "for _ in range({blocks}):\n    sys.stdout.write(block)\nsys.stdout.flush()"
@@ -98,16 +134,30 @@ class Rest:
         return answers
 
 
-def rest_round_trips(rest: Rest, runs: int) -> list[float]:
+def round_trips(runs: int, paths: dict, block: int = 25) -> dict[str, list[float]]:
+    """``1+1`` through each path in turn, ``block`` runs at a time (the order turning
+    each round), so every path meets the machine as it is in the same minutes; in
+    blocks, so that a path's runs do not meet the others' output at the kernel on
+    every run. Seconds per round trip, by path. A path is a callable that runs once
+    and returns its own time (or None: timed here)."""
+    names = list(paths)
     for _ in range(20):
-        rest.run("1+1")
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        answer = rest.run("1+1")[-1]
-        times.append(time.perf_counter() - start)
-        assert answer["records"][0]["data"] == "2", answer
+        for name in names:
+            paths[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(0, runs, block):
+        turn = (i // block) % len(names)
+        for name in names[turn:] + names[:turn]:
+            for _ in range(min(block, runs - i)):
+                start = time.perf_counter()
+                own = paths[name]()
+                times[name].append(own if own is not None else time.perf_counter() - start)
     return times
+
+
+def rest_once(rest: Rest) -> None:
+    answer = rest.run("1+1")[-1]
+    assert answer["records"][0]["data"] == "2", answer
 
 
 def rest_baseline(rest: Rest, session_id: str, runs: int) -> list[float]:
@@ -150,29 +200,6 @@ def ws_run(ws, code: str) -> tuple[int, dict]:  # noqa: ANN001
             raise SystemExit(f"the websocket answered {message}")
 
 
-def ws_round_trips(ws, runs: int) -> list[float]:  # noqa: ANN001
-    for _ in range(20):
-        ws_run(ws, "1+1")
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        ws_run(ws, "1+1")
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def direct_round_trips(container_id: str, runs: int) -> list[float]:
-    out = subprocess.run(
-        ["docker", "exec", "-i", "-u", "1000", container_id, "python3", "-", str(runs)],
-        input=DIRECT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    )
-    return json.loads(out.stdout)
-
-
 def throughput(mb: int, read) -> float:  # noqa: ANN001
     """MB/s of a run that prints ``mb`` MiB, read by ``read(code) -> bytes received``."""
     code = FLOOD.format(blocks=mb * 16)
@@ -207,20 +234,33 @@ def main() -> None:
         )
         rest = Rest(stack, token, session["id"])
         rest.run("pass")  # starts the code runner (an ipykernel) in main1
-        via_rest = rest_round_trips(rest, args.runs)
-        baseline = rest_baseline(rest, session["id"], args.runs)
+        direct = Direct(session["kernels"][0]["container_id"])
+        cpu_before = stack.cpu()
         with ws_connect(stack, token, session["id"]) as ws:
-            via_ws = ws_round_trips(ws, args.runs)
+            times = round_trips(
+                args.runs,
+                {
+                    "direct": direct.once,
+                    "rest": lambda: rest_once(rest),
+                    "ws": lambda: ws_run(ws, "1+1") and None,
+                },
+            )
+            cpu_after = stack.cpu()
             ws_mbs = throughput(args.mb, lambda code: ws_run(ws, code)[0])
+        direct.close()
+        baseline = rest_baseline(rest, session["id"], args.runs)
 
         def rest_read(code: str) -> int:
             answers = rest.run(code)
             return sum(len(r["data"]) for a in answers for r in a["records"])
 
         rest_mbs = throughput(args.mb, rest_read)
-        direct = direct_round_trips(session["kernels"][0]["container_id"], args.runs)
-        report(args, direct, via_rest, via_ws, ws_mbs, rest_mbs)
+        report(args, times["direct"], times["rest"], times["ws"], ws_mbs, rest_mbs)
         print(row("REST GET .../sessions/{id}/ (no agent)", baseline))
+        runs = 2 * (args.runs + 20)  # REST and websocket runs (the direct ones cost it nothing)
+        for part in ("daphne", "agent"):
+            used = (cpu_after[part] - cpu_before[part]) / runs * 1000
+            print(f"  {part} CPU per REST or websocket run: {used:.2f} ms")
     finally:
         stack.stop()
 
@@ -234,7 +274,9 @@ def report(args, direct, via_rest, via_ws, ws_mbs, rest_mbs) -> None:  # noqa: A
         f"{platform.python_version()}; one daphne, one Docker agent, Redis "
         f"{settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, PostgreSQL, "
         f"all on loopback; bai-kernel/python:2 (bookworm's ipykernel), 1 CPU, 1 GiB; "
-        f"{args.runs} runs one at a time after 20 to warm up; flood {args.mb} MiB "
+        f"{args.runs} runs of each path one at a time, the paths taking turns 25 runs "
+        f"at a time, after 20 "
+        f"to warm up; flood {args.mb} MiB "
         f"in 1 KiB lines"
     )
     print(row("jupyter_client in main1 (direct)", direct))

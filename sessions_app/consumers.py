@@ -27,6 +27,7 @@ channels directly (no group, and no Redis when both are in one process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -668,13 +669,16 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
     Server → browser: ``{"type": "records", "run_id", "records"}`` as they come, then
     ``{"type": "result", "run_id", "status", "exit_code", "completions"?}`` (after a
     ``waiting-input`` result, more comes once ``input`` is sent), or ``{"type":
-    "error", "message"}`` for a request refused (the stream stays open).
+    "error", "message"}`` for a request refused (the stream stays open); and, once
+    the history has these runs' rows as they stand, ``{"type": "history", "run_ids"}``.
     """
 
     socket_kind = "execute"
 
     target: execution.ExecTarget | None = None
     owner_group: str | None = None
+    history: asyncio.Task[None] | None = None
+    closed = False
 
     async def connect(self) -> None:
         user = _user(self.scope)
@@ -773,6 +777,10 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         while self.writes:
             writes, self.writes = self.writes, []
             await db(execution.write_history)(target=target, user_id=user_id, writes=writes)
+            run_ids = sorted({sent.request.run_id for sent, _, _ in writes if sent.request.run_id})
+            if not self.closed:  # the page reloads its history
+                with contextlib.suppress(Exception):  # it may close meanwhile
+                    await self.send(text_data=json.dumps({"type": "history", "run_ids": run_ids}))
 
     async def _records(self, event: dict[str, Any]) -> None:
         await self.send(
@@ -790,10 +798,13 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
             await self.refuse(CLOSE_GONE, ended)
 
     async def disconnect(self, code: int) -> None:
+        self.closed = True
         self.stop_touching()
         if self.owner_group is not None:
             await self.channel_layer.group_discard(self.owner_group, self.channel_name)
             self.owner_group = None
+        if self.history is not None:  # the history is written before the stream is done
+            await asyncio.wait([self.history])
 
 
 def _int_or_none(value: str | None) -> int | None:

@@ -82,7 +82,6 @@ function onResult(msg) {
   $("c-input").hidden = true;
   state.waiting = false;
   setBusy(null);
-  loadHistory();
 }
 
 /** The run's id as the server named it ("" until then). */
@@ -92,6 +91,7 @@ function onMessage(msg) {
   if (state.running && msg.run_id) setBusy(msg.run_id);
   if (msg.type === "records") showRecords(msg.records);
   else if (msg.type === "result") onResult(msg);
+  else if (msg.type === "history") loadHistory(); // the runs' rows are written
   else if (msg.type === "error") {
     output(el("p.rec.rec-refused", { role: "alert", "data-kind": "refused" }, msg.message));
     if (state.running && !state.waiting) setBusy(null);

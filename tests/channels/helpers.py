@@ -35,7 +35,9 @@ async def http(method: str, path: str, token: str, body: bytes = b"") -> dict:
             (b"content-length", str(len(body)).encode()),
         ],
     )
-    return await comm.get_response(timeout=30)
+    response = await comm.get_response(timeout=30)
+    await comm.wait(timeout=30)  # done: what the request does after its answer is done too
+    return response
 
 
 def cookie_for(user) -> bytes:

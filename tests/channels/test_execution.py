@@ -579,8 +579,13 @@ async def test_a_streamed_run_sends_records_as_they_come_then_its_result(
         "status": "finished",
         "exit_code": 0,
     }
-    # The stream writes the history off its path: the row follows shortly.
-    rows = await runs_when(running, lambda rows: [r.status for r in rows] == ["finished"])
+    # The stream writes the history off its path, then says so: the row is there.
+    assert await comm.receive_json_from(timeout=5) == {
+        "type": "history",
+        "run_ids": [command["run_id"]],
+    }
+    rows = await runs_of(running)
+    assert [r.status for r in rows] == ["finished"]
     assert (rows[0].run_id, rows[0].user_id, rows[0].exit_code) == (command["run_id"], alice.pk, 0)
     await comm.disconnect()
 

@@ -87,7 +87,12 @@ def test_state_persists_between_runs_and_a_long_run_is_continued_to_its_end(sess
     assert text_of(answers) == "".join(f"{i}\n" for i in range(10))
     assert (answers[-1]["status"], answers[-1]["exit_code"]) == ("finished", 0)
 
-    runs = list(ExecutionRun.objects.filter(session_id=session_id).order_by("started_at"))
+    def settled() -> list[ExecutionRun]:
+        # A run that ended is written right after its answer went out.
+        rows = list(ExecutionRun.objects.filter(session_id=session_id).order_by("started_at"))
+        return rows if len(rows) == 3 and all(r.status != "running" for r in rows) else []
+
+    runs = wait_for(settled, timeout=10, what="the three runs' rows as they ended")
     assert [(r.status, r.exit_code) for r in runs] == [("finished", 0)] * 3
     assert runs[2].run_id == long["run_id"]
     assert (runs[2].finished_at - runs[2].started_at).total_seconds() >= 9
@@ -172,6 +177,9 @@ def test_the_websocket_streams_records_as_the_run_writes_them(session, live_syst
 
         ws.send(json.dumps({"type": "complete", "code": "import o", "cursor_pos": 8}))
         completion = json.loads(ws.recv(timeout=30))
+        if completion["type"] == "history":  # the run above is in the history now
+            assert completion["run_ids"] == [result["run_id"]]
+            completion = json.loads(ws.recv(timeout=30))
         assert completion["type"] == "result" and "os" in completion["completions"]
 
 

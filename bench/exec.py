@@ -11,9 +11,12 @@ same run and on the same ipykernel (the code runner's, in main1):
    one kept-alive connection), through the websocket (``/ws/.../execute/``), and
    through jupyter_client itself: a python3 started by ``docker exec`` in main1 that
    connects to the runner's kernel with its connection file (execute_request until
-   the reply and the kernel's idle status), timed in main1. The three take turns, 25
-   runs each, so they meet the machine as it is in the same minutes (its speed swings
-   by up to 1.5x over minutes). Target: at most 5 ms added at p50.
+   the reply and the kernel's idle status), timed in main1. Beside them, REST's floor:
+   the same request refused (400, no mode) once its token and session are read,
+   before the agent. A REST run is that plus the way to the kernel and back, so it
+   cannot add less than the floor over jupyter_client. The four take turns, 25 runs
+   each, so they meet the machine as it is in the same minutes (its speed swings by
+   up to 1.5x over minutes). Target: at most 5 ms added at p50.
 2. streamed output: a run printing ``--mb`` MiB as fast as it can, read through the
    websocket and through REST ``continue`` requests (MB/s of record data, from the
    request to the final result). Target: >= 10 MB/s through the websocket.
@@ -126,6 +129,15 @@ class Rest:
         if response.status != 200:
             raise SystemExit(f"execute answered {response.status}: {answer}")
         return answer
+
+    def refused(self) -> None:
+        """A run the API refuses once the token and the session are read, before the
+        agent: everything a REST run costs but the way to the kernel and back."""
+        self.conn.request("POST", self.path, body=b'{"mode": "none"}', headers=self.headers)
+        response = self.conn.getresponse()
+        answer = response.read()
+        if response.status != 400:
+            raise SystemExit(f"a run of no mode answered {response.status}: {answer!r}")
 
     def run(self, code: str) -> list[dict]:
         answers = [self.ask(mode="query", code=code)]
@@ -245,6 +257,7 @@ def main() -> None:
                     "direct": direct.once,
                     "rest": lambda: rest_once(rest),
                     "ws": lambda: ws_run(ws, "1+1") and None,
+                    "floor": rest.refused,
                 },
             )
             cpu_after = stack.cpu()
@@ -257,9 +270,9 @@ def main() -> None:
             return sum(len(r["data"]) for a in answers for r in a["records"])
 
         rest_mbs = throughput(args.mb, rest_read)
-        report(args, times["direct"], times["rest"], times["ws"], ws_mbs, rest_mbs)
+        report(args, times, ws_mbs, rest_mbs)
         print(row("REST GET .../sessions/{id}/ (no agent)", baseline))
-        runs = 2 * (args.runs + 20)  # REST and websocket runs (the direct ones cost it nothing)
+        runs = 2 * (args.runs + 20)  # REST and websocket runs (the others cost it little)
         for part in ("daphne", "agent"):
             used = (cpu_after[part] - cpu_before[part]) / runs * 1000
             print(f"  {part} CPU per REST or websocket run: {used:.2f} ms")
@@ -267,7 +280,7 @@ def main() -> None:
         stack.stop()
 
 
-def report(args, direct, via_rest, via_ws, ws_mbs, rest_mbs) -> None:  # noqa: ANN001
+def report(args, times, ws_mbs, rest_mbs) -> None:  # noqa: ANN001
     from django.conf import settings
 
     print(f"code execution: 1+1 round trips and streamed output ({time.strftime('%Y-%m-%d')})")
@@ -281,12 +294,22 @@ def report(args, direct, via_rest, via_ws, ws_mbs, rest_mbs) -> None:  # noqa: A
         f"to warm up; flood {args.mb} MiB "
         f"in 1 KiB lines"
     )
+    direct, via_rest, via_ws, floor = (times[k] for k in ("direct", "rest", "ws", "floor"))
     print(row("jupyter_client in main1 (direct)", direct))
     print(row("REST POST .../execute/", via_rest))
     print(row("websocket /ws/.../execute/", via_ws))
-    for label, times in (("REST", via_rest), ("websocket", via_ws)):
-        added = (pct(times, 50) - pct(direct, 50)) * 1000
+    print(row("REST POST .../execute/ refused (400)", floor))
+    for label, path in (("REST", via_rest), ("websocket", via_ws)):
+        added = (pct(path, 50) - pct(direct, 50)) * 1000
         print(f"  added at p50 by {label}: {added:.2f} ms (target <= 5 ms)")
+    # A REST run is a refused one plus the way to the kernel and back, which the
+    # direct client's own round trip is part of: REST cannot add less than the floor.
+    print(
+        f"  REST's floor: a request refused before the agent (token, session, Django, DRF, "
+        f"daphne) takes {pct(floor, 50) * 1000:.2f} ms at p50; the way to the kernel and "
+        f"back adds {(pct(via_rest, 50) - pct(floor, 50) - pct(direct, 50)) * 1000:.2f} ms "
+        f"over jupyter_client"
+    )
     print(f"  streamed output, websocket: {ws_mbs:.1f} MB/s (target >= 10 MB/s)")
     print(f"  streamed output, REST continue: {rest_mbs:.1f} MB/s")
 

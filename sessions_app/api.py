@@ -629,8 +629,18 @@ class ExecOutputSerializer(serializers.Serializer):
 class SessionExecuteApi(APIView):
     # A sync view: DRF's checks, the body's and the session's, and the run's record in the
     # request's thread, one after the other; the wait on the event loop, with no connection
-    # held (execution.execute). A token's check reads the session's facts beside the token.
-    token_reads_main_facts = True
+    # held (execution.execute).
+
+    def get_authenticators(self) -> list[Any]:
+        """The token's check reads the URL's session's main1 beside the token, in one
+        query (``execution.candidates_reading_main_facts``)."""
+        session_id = self.kwargs.get("session_id")
+        return [
+            tokens.ExpiringTokenAuthentication(execution.candidates_reading_main_facts(session_id))
+            if type(auth) is tokens.ExpiringTokenAuthentication
+            else auth
+            for auth in super().get_authenticators()
+        ]
 
     @extend_schema(
         request={"application/json": openapi_schema(EXECUTE_SCHEMA)},

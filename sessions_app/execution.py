@@ -32,7 +32,7 @@ import contextlib
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -44,6 +44,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections
 from django.utils import timezone
+from knox.models import AuthToken
 
 from agent import protocol
 from backendai_web.handler import after_response
@@ -158,6 +159,21 @@ class ReadFacts:
     (``selectors.token_candidates_with_main_facts``); None: no such session."""
 
     facts: dict[str, Any] | None
+
+
+def candidates_reading_main_facts(session_id: object) -> Callable[[str], list[AuthToken]]:
+    """For ``tokens.ExpiringTokenAuthentication``: a token key's tokens, each with
+    session ``session_id``'s main1 facts read in the same query, as
+    ``read_facts`` (who may see them is decided after, by the user). A REST run
+    reads its token and its session in one round trip."""
+
+    def candidates(token_key: str) -> list[AuthToken]:
+        found = selectors.token_candidates_with_main_facts(token_key, session_id)
+        for token, facts in found:
+            token.read_facts = ReadFacts(facts)
+        return [token for token, _ in found]
+
+    return candidates
 
 
 def exec_target(

@@ -6,6 +6,7 @@ websockets alike."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from hmac import compare_digest
 from typing import Any
@@ -56,7 +57,15 @@ class ExpiringTokenAuthentication(TokenAuthentication):
     """knox's check of ``Authorization: Token <token>``, except that an expired
     token is refused as expired (knox deletes it and calls it invalid, which
     leaves a client guessing). Expired tokens stay listed until their owner
-    makes a new token or revokes them."""
+    makes a new token or revokes them.
+
+    ``candidates`` reads the tokens of a key (``token_candidates``); a view may
+    give one that reads more in the same query (code runs read their session's
+    main1 with it: ``execution.candidates_reading_main_facts``)."""
+
+    def __init__(self, candidates: Callable[[str], list[AuthToken]] | None = None) -> None:
+        super().__init__()
+        self.candidates = candidates or token_candidates
 
     def authenticate_credentials(self, token: bytes) -> tuple[Any, AuthToken]:
         key = token.decode("utf-8", errors="replace")
@@ -71,29 +80,6 @@ class ExpiringTokenAuthentication(TokenAuthentication):
                 )
             return self.validate_user(candidate)
         raise AuthenticationFailed("Invalid token.")
-
-    def authenticate(self, request: Any) -> Any:
-        context = getattr(request, "parser_context", None) or {}
-        self.main_facts_of = (
-            context.get("kwargs", {}).get("session_id")
-            if getattr(context.get("view"), "token_reads_main_facts", False)
-            else None
-        )
-        return super().authenticate(request)
-
-    def candidates(self, token_key: str) -> list[AuthToken]:
-        """The tokens of ``token_key``; for a view that says ``token_reads_main_facts``
-        (code runs), each with the URL's session's main1 facts read in the same query,
-        as ``read_facts`` (who may see them is decided after, by the user)."""
-        if getattr(self, "main_facts_of", None) is None:
-            return token_candidates(token_key)
-        from .execution import ReadFacts
-        from .selectors import token_candidates_with_main_facts
-
-        found = token_candidates_with_main_facts(token_key, self.main_facts_of)
-        for token, facts in found:
-            token.read_facts = ReadFacts(facts)
-        return [token for token, _ in found]
 
 
 def token_candidates(token_key: str) -> list[AuthToken]:

@@ -291,6 +291,38 @@ async def test_the_token_and_the_sessions_facts_are_read_in_one_query_as_each_al
         selectors.visible_main_facts(user=bob, facts=facts)
 
 
+async def test_a_rest_run_makes_one_query_before_its_agent_hears_of_it(
+    running, alice, bob, fake_agent, monkeypatch
+):
+    """The token, its user and main1's facts come back in one round trip; bob's token
+    reads the same query and is still told there is no such session."""
+    import threading
+
+    from django.db.backends.utils import CursorWrapper
+
+    statements: list[str] = []
+    real_execute = CursorWrapper.execute
+
+    def counting(self, sql, params=None):
+        if threading.current_thread().name.startswith("request"):  # the request's own
+            statements.append(sql)
+        return real_execute(self, sql, params)
+
+    alice_token, bob_token = await token_of(alice), await token_of(bob)
+    monkeypatch.setattr(CursorWrapper, "execute", counting)
+    request = execute(running, alice_token, {"mode": "query", "code": "1"})
+    command = await frame_of(fake_agent, protocol.EXEC)
+    (only,) = statements
+    assert "knox_authtoken" in only and "sessions_app_kernel" in only
+    await answer(fake_agent, command)
+    assert (await request)[0] == 200
+
+    statements.clear()
+    status, body = await call("POST", _path(running), bob_token, {"mode": "query", "code": "1"})
+    assert (status, body["message"], len(statements)) == (404, "No such session.", 1)
+    await no_frame_of(fake_agent, protocol.EXEC)
+
+
 async def test_an_admin_may_run_code_in_anyones_session_without_counting_as_its_owner(
     running, admin, fake_agent
 ):

@@ -31,6 +31,10 @@ request's database connections go back to the pool at its end
 loop before the view, which takes a thread hop of its own for its receivers
 (closing the thread's old database connections); here it is sent in the
 request's thread just before the middleware, in the hop the request takes anyway.
+That takes a copy of Django's ``ASGIHandler.handle`` (5.2; check it at each
+upgrade). Worth it: a request refused after its token's check answered 0.40 ms
+sooner at p50 with it than with Django's own ``handle``, and took ~5 % less of
+daphne's CPU (two daphnes by turns, 1,500 requests each, twice; 2026-11-27).
 
 **Work after the answer.** ``after_response(func)`` runs ``func`` in the
 request's thread once the answer has been sent, when Django closes the

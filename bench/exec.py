@@ -14,7 +14,9 @@ same run and on the same ipykernel (the code runner's, in main1):
    the reply and the kernel's idle status), timed in main1. Beside them, REST's floor:
    the same request refused (400, no mode) once its token and session are read,
    before the agent. A REST run is that plus the way to the kernel and back, so it
-   cannot add less than the floor over jupyter_client. The four take turns, 25 runs
+   cannot add less than the floor over jupyter_client. And under the floor, daphne
+   itself: the same POST to a second daphne (``backendai_web.serve``) whose
+   application answers at once (``bare_asgi.py``). The five take turns, 25 runs
    each, so they meet the machine as it is in the same minutes (its speed swings by
    up to 1.5x over minutes). Target: at most 5 ms added at p50.
 2. streamed output: a run printing ``--mb`` MiB as fast as it can, read through the
@@ -36,8 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
 import streams  # noqa: E402
@@ -116,6 +119,9 @@ FLOOD = (
 )
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 class Rest:
     def __init__(self, stack: Stack, token: str, session_id: str) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", stack.port, timeout=120)
@@ -167,9 +173,45 @@ def round_trips(runs: int, paths: dict, block: int = 25) -> dict[str, list[float
     return times
 
 
+class Bare:
+    """daphne as the manager runs it (``backendai_web.serve``, its access log to a file)
+    serving ``bare_asgi``, which answers at once: the same POST, with nothing behind it."""
+
+    def __init__(self, stack: Stack) -> None:
+        port = streams.free_port()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "backendai_web.serve", "-b", "127.0.0.1", "-p", str(port)]
+            + ["bare_asgi:application"],
+            cwd=HERE.parent,
+            env=env,
+            stdout=open(stack.tmp / "bare.log", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.once()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the bare daphne did not start") from None
+                self.conn.close()
+                time.sleep(0.1)
+
+    def once(self) -> None:
+        self.conn.request("POST", "/", body=b'{"mode": "none"}', headers=JSON)
+        self.conn.getresponse().read()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 def rest_once(rest: Rest) -> None:
     answer = rest.run("1+1")[-1]
-    assert answer["records"][0]["data"] == "2", answer
+    assert answer["records"][-1]["data"] == "2", answer  # after IPython's warnings, if any
 
 
 def rest_baseline(rest: Rest, session_id: str, runs: int) -> list[float]:
@@ -249,6 +291,7 @@ def main() -> None:
         rest = Rest(stack, token, session["id"])
         rest.run("pass")  # starts the code runner (an ipykernel) in main1
         direct = Direct(session["kernels"][0]["container_id"])
+        bare = Bare(stack)
         cpu_before = stack.cpu()
         with ws_connect(stack, token, session["id"]) as ws:
             times = round_trips(
@@ -258,11 +301,13 @@ def main() -> None:
                     "rest": lambda: rest_once(rest),
                     "ws": lambda: ws_run(ws, "1+1") and None,
                     "floor": rest.refused,
+                    "bare": bare.once,
                 },
             )
             cpu_after = stack.cpu()
             ws_mbs = throughput(args.mb, lambda code: ws_run(ws, code)[0])
         direct.close()
+        bare.close()
         baseline = rest_baseline(rest, session["id"], args.runs)
 
         def rest_read(code: str) -> int:
@@ -299,6 +344,7 @@ def report(args, times, ws_mbs, rest_mbs) -> None:  # noqa: ANN001
     print(row("REST POST .../execute/", via_rest))
     print(row("websocket /ws/.../execute/", via_ws))
     print(row("REST POST .../execute/ refused (400)", floor))
+    print(row("daphne alone (bench/bare_asgi.py)", times["bare"]))
     for label, path in (("REST", via_rest), ("websocket", via_ws)):
         added = (pct(path, 50) - pct(direct, 50)) * 1000
         print(f"  added at p50 by {label}: {added:.2f} ms (target <= 5 ms)")
@@ -308,7 +354,7 @@ def report(args, times, ws_mbs, rest_mbs) -> None:  # noqa: ANN001
         f"  REST's floor: a request refused before the agent (token, session, Django, DRF, "
         f"daphne) takes {pct(floor, 50) * 1000:.2f} ms at p50; the way to the kernel and "
         f"back adds {(pct(via_rest, 50) - pct(floor, 50) - pct(direct, 50)) * 1000:.2f} ms "
-        f"over jupyter_client"
+        f"over jupyter_client; daphne alone answers a POST in {pct(times['bare'], 50) * 1000:.2f} ms"
     )
     print(f"  streamed output, websocket: {ws_mbs:.1f} MB/s (target >= 10 MB/s)")
     print(f"  streamed output, REST continue: {rest_mbs:.1f} MB/s")

@@ -120,9 +120,10 @@ def setup_database() -> dict:
 
 
 class Stack:
-    """daphne + agent subprocesses on loopback."""
+    """daphne + agent subprocesses on loopback. ``app``: the ASGI application daphne
+    serves (a module of ``bench/`` may wrap the manager's)."""
 
-    def __init__(self, agent_token: str) -> None:
+    def __init__(self, agent_token: str, app: str = "backendai_web.asgi:application") -> None:
         self.agent_token = agent_token
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -135,6 +136,7 @@ class Stack:
             "ALLOWED_HOSTS": "127.0.0.1",
             "LOG_LEVEL": "WARNING",
             "BAI_VAR_DIR": str(self.tmp / "var"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench")]),
         }
         self.daphne = subprocess.Popen(
             [
@@ -145,7 +147,7 @@ class Stack:
                 "127.0.0.1",
                 "-p",
                 str(self.port),
-                "backendai_web.asgi:application",
+                app,
             ],
             cwd=ROOT,
             env=env,

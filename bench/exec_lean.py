@@ -59,12 +59,10 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     key = dict(scope["headers"])[b"authorization"].split()[1]
 
     def checks() -> tuple[Any, Any]:
-        check = tokens.ExpiringTokenAuthentication(
-            execution.candidates_reading_main_facts(session_id)
-        )
-        user, token = check.authenticate_credentials(key)
+        facts = execution.MainFactsReader(session_id)
+        user, _ = tokens.ExpiringTokenAuthentication(facts).authenticate_credentials(key)
         request, target = execution.execute_checks(
-            user=user, session_id=session_id, body=json.loads(body), read=token.read_facts
+            user=user, session_id=session_id, body=json.loads(body), read=facts.read
         )
         execution._give_back_connections()
         return request, target

@@ -633,10 +633,10 @@ class SessionExecuteApi(APIView):
 
     def get_authenticators(self) -> list[Any]:
         """The token's check reads the URL's session's main1 beside the token, in one
-        query (``execution.candidates_reading_main_facts``)."""
-        session_id = self.kwargs.get("session_id")
+        query (``execution.MainFactsReader``), for ``post``."""
+        self.main_facts = execution.MainFactsReader(self.kwargs.get("session_id"))
         return [
-            tokens.ExpiringTokenAuthentication(execution.candidates_reading_main_facts(session_id))
+            tokens.ExpiringTokenAuthentication(self.main_facts)
             if type(auth) is tokens.ExpiringTokenAuthentication
             else auth
             for auth in super().get_authenticators()
@@ -658,7 +658,7 @@ class SessionExecuteApi(APIView):
                 user=request.user,
                 session_id=session_id,
                 body=request.data,
-                read=getattr(request.auth, "read_facts", None),
+                read=self.main_facts.read,
             )
         )
 

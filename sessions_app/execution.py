@@ -32,7 +32,7 @@ import contextlib
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -161,19 +161,22 @@ class ReadFacts:
     facts: dict[str, Any] | None
 
 
-def candidates_reading_main_facts(session_id: object) -> Callable[[str], list[AuthToken]]:
-    """For ``tokens.ExpiringTokenAuthentication``: a token key's tokens, each with
-    session ``session_id``'s main1 facts read in the same query, as
-    ``read_facts`` (who may see them is decided after, by the user). A REST run
-    reads its token and its session in one round trip."""
+class MainFactsReader:
+    """The candidates of ``tokens.ExpiringTokenAuthentication`` for a REST run: a
+    token key's tokens, with session ``session_id``'s main1 facts read in the same
+    query and kept as ``read`` (who may see them is decided after, by the user).
+    A REST run reads its token and its session in one round trip; ``read`` stays
+    None when no token was looked up (e.g. a browser's session cookie)."""
 
-    def candidates(token_key: str) -> list[AuthToken]:
-        found = selectors.token_candidates_with_main_facts(token_key, session_id)
-        for token, facts in found:
-            token.read_facts = ReadFacts(facts)
+    def __init__(self, session_id: object) -> None:
+        self.session_id = session_id
+        self.read: ReadFacts | None = None
+
+    def __call__(self, token_key: str) -> list[AuthToken]:
+        found = selectors.token_candidates_with_main_facts(token_key, self.session_id)
+        if found:  # every row carries the same session's facts
+            self.read = ReadFacts(found[0][1])
         return [token for token, _ in found]
-
-    return candidates
 
 
 def exec_target(

@@ -132,9 +132,7 @@ def session_main_facts_for_user(*, user: AbstractBaseUser, session_id: object) -
     if pk is not None:
         with connection.cursor() as cursor:
             sql = _main_facts_sql(connection.vendor)
-            cursor.execute(
-                f"SELECT {sql.columns} FROM {sql.source} WHERE {sql.where}", sql.params(pk)
-            )
+            cursor.execute(sql.select, sql.params(pk))
             row = cursor.fetchone()
     return visible_main_facts(user=user, facts=main_facts(row))
 
@@ -149,15 +147,22 @@ def token_candidates_with_main_facts(
     pk = as_uuid(session_id)
     if pk is None:
         return [(token, None) for token in tokens.token_candidates(token_key)]
-    query, facts = tokens.candidates_query(connection.vendor), _main_facts_sql(connection.vendor)
-    sql = (
+    query = tokens.candidates_query(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(_token_and_facts_sql(connection.vendor), [*_FactsSQL.params(pk), token_key])
+        rows = cursor.fetchall()
+    return [(query.read(row), main_facts(row[query.width :])) for row in rows]
+
+
+@functools.cache
+def _token_and_facts_sql(vendor: str) -> str:
+    """The token candidates' query with main1's facts of a session LEFT JOINed: the
+    session's two parameters, then the token key's."""
+    query, facts = tokens.candidates_query(vendor), _main_facts_sql(vendor)
+    return (
         f"SELECT {query.columns}, {facts.columns} FROM {query.source} "
         f"LEFT JOIN ({facts.source}) ON {facts.where} WHERE {query.where}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*facts.params(pk), token_key])
-        rows = cursor.fetchall()
-    return [(query.read(row), main_facts(row[query.width :])) for row in rows]
 
 
 def visible_main_facts(*, user: AbstractBaseUser, facts: dict[str, Any] | None) -> dict[str, Any]:
@@ -195,6 +200,10 @@ class _FactsSQL:
     columns: str  # MAIN_FACTS, in order
     source: str  # the session ``s`` and its kernels ``k``
     where: str  # two parameters: the session's pk, and main1's role
+
+    @functools.cached_property
+    def select(self) -> str:
+        return f"SELECT {self.columns} FROM {self.source} WHERE {self.where}"
 
     @staticmethod
     def params(pk: uuid.UUID) -> list[Any]:

@@ -61,7 +61,7 @@ class ExpiringTokenAuthentication(TokenAuthentication):
 
     ``candidates`` reads the tokens of a key (``token_candidates``); a view may
     give one that reads more in the same query (code runs read their session's
-    main1 with it: ``execution.candidates_reading_main_facts``)."""
+    main1 with it: ``execution.MainFactsReader``)."""
 
     def __init__(self, candidates: Callable[[str], list[AuthToken]] | None = None) -> None:
         super().__init__()
@@ -91,9 +91,7 @@ def token_candidates(token_key: str) -> list[AuthToken]:
     the ORM took longer than the database took to answer it."""
     query = candidates_query(connection.vendor)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {query.columns} FROM {query.source} WHERE {query.where}", [token_key]
-        )
+        cursor.execute(query.select, [token_key])
         return [query.read(row) for row in cursor.fetchall()]
 
 
@@ -107,6 +105,10 @@ class CandidatesQuery:
     where: str  # one parameter: the token key
     token_fields: tuple[Field, ...]
     user_fields: tuple[Field, ...]
+
+    @functools.cached_property
+    def select(self) -> str:
+        return f"SELECT {self.columns} FROM {self.source} WHERE {self.where}"
 
     @property
     def width(self) -> int:

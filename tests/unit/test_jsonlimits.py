@@ -32,9 +32,9 @@ def test_the_nesting_is_measured_on_the_text(text, limit, offset):
 
 def test_a_100000_deep_text_is_measured_without_recursion_in_milliseconds():
     text = "[" * 100_000 + "]" * 100_000
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a busy machine must not fail the bound
     assert nesting_beyond(text, 32) == 32
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     with pytest.raises(RecursionError):
         json.loads(text)  # what the bound saves us from
 

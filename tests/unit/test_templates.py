@@ -480,9 +480,10 @@ def test_a_hostile_document_is_refused_naming_the_field(text, fmt, field, words)
 
 
 def _refused_within(seconds: float, text: str, fmt: str = "yaml") -> InvalidInput:
-    started = time.perf_counter()
+    # CPU time of this process, not wall time: a busy machine must not fail the bound.
+    started = time.process_time()
     error = refusal(text, fmt)
-    assert time.perf_counter() - started < seconds
+    assert time.process_time() - started < seconds
     return error
 
 

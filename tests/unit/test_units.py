@@ -356,8 +356,8 @@ HUGE_INT = 10**100000
     ],
 )
 def test_hostile_input_is_refused_quickly(parse, hostile):
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a busy machine must not fail the bound
     with pytest.raises(ValueError) as refused:
         parse(hostile)
-    assert time.perf_counter() - started < 0.05
+    assert time.process_time() - started < 0.05
     assert len(str(refused.value)) < 4 * MAX_TEXT  # the message never echoes the whole input

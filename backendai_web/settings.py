@@ -73,6 +73,7 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
     "sessions_app.middleware.BodySizeLimitMiddleware",
     "sessions_app.middleware.JsonDepthLimitMiddleware",
+    "sessions_app.middleware.NulQueryMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -291,6 +292,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # The API takes JSON only (uploads read their raw body): a form or multipart body
+    # gets 415 naming the media type, never a QueryDict where a JSON object was meant.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_SCHEMA_CLASS": "sessions_app.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "sessions_app.errors.exception_handler",
 }

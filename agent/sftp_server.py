@@ -3,7 +3,8 @@
 The agent writes this file into the kernel's home (``~/.backendai/sftp_server.py``) with its
 configuration beside it (``~/.backendai/sftp.json``), and the kernel runs it as the kernel user
 with Debian's python3-asyncssh (2.10.1 in bookworm) and OpenSSH's ``sshd`` (9.2 in bookworm).
-Nothing else of the project is imported: it must run on the kernel's python alone.
+Of the project it imports only ``bai_common/names.py`` (standard library only), which the agent
+writes beside it: it must run on the kernel's python alone.
 
 Two parts, one file:
 
@@ -28,6 +29,10 @@ What a client sees:
   symlink pointing elsewhere (``ln -s /etc x`` in another session) is refused, never followed;
   a link's own entry is listed and may be removed;
 - a read-only folder refuses every write;
+- a new name (a file, a directory, a rename's target) follows the project's rule
+  (``bai_common/names.py``: no backslash, control character or leading drive);
+- no file gets a set-user-ID or set-group-ID bit (a directory may keep set-group-ID, which
+  only passes its group on), by chmod nor by an open's or mkdir's attributes;
 - writes that would take the owner's folders past their byte quota are refused with the
   figures (the usage of the owner's other folders comes in the configuration); the bytes in
   use are one ledger shared by all of the session's connections, under a lock.
@@ -71,6 +76,9 @@ from asyncssh.sftp import (
     SFTPOpUnsupported,
     SFTPPermissionDenied,
 )
+
+# The project's rule for names; in a kernel, the agent writes it beside this file.
+from bai_common.names import name_problem
 
 HOME = os.environ.get("HOME") or "/home/work"
 STATE = os.path.join(HOME, ".backendai")
@@ -235,6 +243,27 @@ class FolderSFTPServer(asyncssh.SFTPServer):
             raise SFTPPermissionDenied(f"Folder '{folder.name}' is read-only")
         return folder, real
 
+    @staticmethod
+    def _check_name(real: bytes) -> None:
+        """A name about to be made: refused unless the project's rule allows it."""
+        name = posixpath.basename(real).decode("utf-8", "surrogateescape")
+        problem = name_problem(name)
+        if problem is not None:
+            raise SFTPPermissionDenied(f"Refused: {name!r}: {problem}")
+
+    @staticmethod
+    def _check_mode(attrs: SFTPAttrs, is_dir: bool) -> None:
+        """Refuse a set-user-ID bit, and a set-group-ID bit on anything but a directory:
+        a kernel that runs such a file would run it as its owner or group."""
+        mode = attrs.permissions
+        if mode is None:
+            return
+        if mode & stat.S_ISUID or (mode & stat.S_ISGID and not is_dir):
+            raise SFTPPermissionDenied(
+                f"Refused: mode {mode & 0o7777:04o} sets the set-user-ID or set-group-ID bit,"
+                " which files in folders may not have"
+            )
+
     def map_path(self, path: bytes) -> bytes:
         # Whatever asyncssh does by itself with a path (statvfs, scp's helpers) stays confined.
         return self._resolve(path)[1]
@@ -295,6 +324,10 @@ class FolderSFTPServer(asyncssh.SFTPServer):
             before = os.lstat(real)
         except FileNotFoundError:
             pass
+        if before is None and pflags & FXF_CREAT:
+            self._check_name(real)
+        if writes:
+            self._check_mode(attrs, is_dir=False)
         perms = 0o666 if attrs.permissions is None else attrs.permissions & 0o777
         fd = os.open(real, flags, perms)
         if pflags & FXF_TRUNC:
@@ -365,6 +398,7 @@ class FolderSFTPServer(asyncssh.SFTPServer):
                 folder.quota.add(grows)
             size_now = attrs.size
         if attrs.permissions is not None:
+            self._check_mode(attrs, is_dir=stat.S_ISDIR(os.stat(target).st_mode))
             os.chmod(target, attrs.permissions & 0o7777)
         if attrs.atime is not None and attrs.mtime is not None:
             os.utime(target, (attrs.atime, attrs.mtime))
@@ -391,6 +425,8 @@ class FolderSFTPServer(asyncssh.SFTPServer):
 
     def mkdir(self, path: bytes, attrs: SFTPAttrs) -> None:
         _, real = self._changeable(path)
+        self._check_name(real)
+        self._check_mode(attrs, is_dir=True)
         os.mkdir(real, 0o777 if attrs.permissions is None else attrs.permissions & 0o777)
 
     def rmdir(self, path: bytes) -> None:
@@ -408,6 +444,7 @@ class FolderSFTPServer(asyncssh.SFTPServer):
         new_folder, new = self._changeable(newpath)
         if old_folder is not new_folder:
             raise SFTPOpUnsupported("Move between folders: copy, then remove the original")
+        self._check_name(new)
         replaced = None
         try:
             replaced = os.lstat(new)

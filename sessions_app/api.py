@@ -1079,7 +1079,9 @@ class FolderDetailApi(APIView):
 # Files inside a folder. ``path`` is relative to the folder (``folder_files.clean_path``).
 
 PATH_HELP = (
-    "Relative to the folder, '/'-separated; no '..', '.', empty part or NUL; "
+    "Relative to the folder, '/'-separated; no '..', '.', empty part or NUL; a name made "
+    "(upload, mkdir, rename's new_path) has no backslash, control character or leading drive "
+    "('C:'); "
     f"at most {folder_files.MAX_PATH_BYTES} bytes and {folder_files.MAX_DEPTH} levels."
 )
 
@@ -1111,9 +1113,11 @@ class OptionalPathQuerySerializer(serializers.Serializer):
     )
 
 
-def _path_query(request: Request, *, allow_root: bool) -> tuple[str, ...]:
+def _path_query(request: Request, *, allow_root: bool, new: bool = False) -> tuple[str, ...]:
     serializer = OptionalPathQuerySerializer if allow_root else PathQuerySerializer
-    return folder_files.clean_path(_query(request, serializer)["path"], allow_root=allow_root)
+    return folder_files.clean_path(
+        _query(request, serializer)["path"], allow_root=allow_root, new=new
+    )
 
 
 class FileEntrySerializer(serializers.Serializer):
@@ -1251,7 +1255,7 @@ class FolderFileContentApi(AsyncApiView):
         nothing). Past the owner's byte quota: 413 with the figures, before
         reading when Content-Length is given, else as soon as the stream passes it."""
         access = await db(selectors.get_folder_for_user)(user=request.user, folder_id=folder_id)
-        parts = _path_query(request, allow_root=False)
+        parts = _path_query(request, allow_root=False, new=True)
         length = _content_length(request)
         allowance = await db(services.folder_upload_allowance)(
             access=access, user=request.user, parts=parts
@@ -1313,7 +1317,7 @@ class FolderMkdirApi(APIView):
         access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        parts = folder_files.clean_path(data.validated_data["path"])
+        parts = folder_files.clean_path(data.validated_data["path"], new=True)
         access.require_write()
         folder_files.make_dir(access.folder.host_path, parts)
         return Response({"path": "/".join(parts)}, status=status.HTTP_201_CREATED)
@@ -1347,7 +1351,7 @@ class FolderRenameApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         src = folder_files.clean_path(data.validated_data["path"])
-        dst = folder_files.clean_path(data.validated_data["new_path"], field="new_path")
+        dst = folder_files.clean_path(data.validated_data["new_path"], field="new_path", new=True)
         access.require_write()
         folder_files.rename(access.folder.host_path, src, dst)
         return Response({"path": "/".join(src), "new_path": "/".join(dst)})

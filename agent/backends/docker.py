@@ -60,6 +60,7 @@ from agent.backends.base import (
     trim_tail,
 )
 from agent.publish import PublishedPort
+from bai_common import names
 from bai_common.sshkeys import fingerprint
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ SSH_PORT = 2200
 SFTP_START_TIMEOUT = 30.0  # how long an SFTP kernel's server may take to listen
 SFTP_HOST_KEY = ".backendai/sftp_host_key"
 SFTP_SERVER_SOURCE = Path(__file__).resolve().parents[1] / "sftp_server.py"
+NAMES_SOURCE = Path(names.__file__)
 # The SFTP kernel's command, run by the RUNNER: it runs sshd with SFTP and SCP only (see
 # agent/sftp_server.py; Debian's asyncssh warns of deprecated ciphers on import: -W ignore
 # keeps the log for what matters).
@@ -162,6 +164,7 @@ def write_kernel_home(
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     files = {".backendai_env": render_env_file(env), **(extra_files or {})}
     dirs = [home, home / ".backendai"]
+    dirs += sorted({(home / name).parent for name in files} - {home, *dirs})
     if ssh:
         public = ssh["public_key"].rstrip("\n") + "\n"
         allowed = public + "".join(key.strip() + "\n" for key in authorized_keys)
@@ -236,6 +239,9 @@ def sftp_files(kspec: dict[str, Any]) -> tuple[dict[str, str], str]:
         SFTP_HOST_KEY: private,
         ".backendai/sftp.json": json.dumps(config, indent=1) + "\n",
         ".backendai/sftp_server.py": SFTP_SERVER_SOURCE.read_text(),
+        # What the server imports of the project: the rule for names.
+        ".backendai/bai_common/__init__.py": "",
+        ".backendai/bai_common/names.py": NAMES_SOURCE.read_text(),
     }
     return files, fingerprint
 

@@ -311,6 +311,53 @@ def test_a_nul_in_the_path_is_refused(as_alice, folder):
     error(as_alice.get(url(folder, "files/"), {"path": "a\x00b"}), 400, "NUL")
 
 
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("..\\..\\..\\Windows\\evil.txt", "backslash"),
+        ("dir\\x", "backslash"),
+        ("line\nbreak", "control characters"),
+        ("tab\there", "control characters"),
+        ("esc\x1b[31m", "control characters"),
+        ("C:evil.txt", "drive"),
+        ("c:", "drive"),
+    ],
+)
+def test_a_name_with_a_path_trick_is_refused_at_every_entry_and_changes_nothing(
+    as_alice, folder, name, words
+):
+    (folder.host_path / "a").write_bytes(b"a")
+    for response in (
+        upload(as_alice, folder, name, b"x"),
+        upload(as_alice, folder, f"sub/{name}", b"x"),
+        as_alice.post(url(folder, "files/mkdir/"), {"path": name}, format="json"),
+        as_alice.post(url(folder, "files/rename/"), {"path": "a", "new_path": name}, format="json"),
+    ):
+        error(response, 400, words)
+    assert os.listdir(folder.host_path) == ["a"]
+
+
+def test_a_colon_inside_a_name_is_still_allowed(as_alice, folder):
+    assert upload(as_alice, folder, "12:30.log", b"x").status_code == 201
+
+
+def test_a_name_a_kernel_wrote_is_zipped_under_a_safe_member_name_and_can_be_removed(
+    as_alice, folder
+):
+    # A kernel writes whatever Linux allows; the zip must still unpack inside its target.
+    (folder.host_path / "..\\..\\Windows").mkdir()
+    (folder.host_path / "..\\..\\Windows" / "C:evil\x07.txt").write_bytes(b"evil")
+    with zipfile.ZipFile(io.BytesIO(body_of(as_alice.get(url(folder, "archive/"))))) as z:
+        names = z.namelist()
+    assert names == [".._.._Windows/", ".._.._Windows/C_evil_.txt"]
+    for name in names:
+        assert "\\" not in name and ":" not in name
+        assert ".." not in name.split("/")
+    response = as_alice.delete(url(folder, "files/") + "?path=..%5C..%5CWindows")
+    assert response.status_code == 204, response.content
+    assert os.listdir(folder.host_path) == []
+
+
 # --- the byte quota ----------------------------------------------------------------------------
 
 

@@ -208,6 +208,10 @@ class Agent(models.Model):
     first_contact_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     lost_at = models.DateTimeField(null=True, blank=True)
+    # Counts the agent's registrations: each connection keeps the number it got, and the
+    # gateway closes any connection whose number is no longer the newest (two registering
+    # at once with the same token keep one; scheduler_app.consumers).
+    connection_generation = models.PositiveBigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

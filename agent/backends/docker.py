@@ -28,6 +28,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -53,11 +54,13 @@ from agent.backends.base import (
     ThreadPipe,
     chunked_text,
     nofile_limit,
+    nosuid_mount,
     prepare_host_folder,
     render_env_file,
     render_ssh_environment,
     runner_argv,
     trim_tail,
+    unmount,
 )
 from agent.publish import PublishedPort
 from bai_common import names
@@ -417,6 +420,7 @@ class DockerBackend(Backend):
         self._images_seen: set[str] = set()
         self._swarm_info: dict[str, Any] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._mounted_root = False
 
     def home_dir(self, kernel_id: str) -> Path:
         """The host directory mounted as a kernel's writable home."""
@@ -451,6 +455,7 @@ class DockerBackend(Backend):
                 os.geteuid(),
                 KERNEL_UID,
             )
+        await self._nosuid_data_root()
         self._events_thread = threading.Thread(
             target=self._events_main, name="docker-events", daemon=True
         )
@@ -458,6 +463,29 @@ class DockerBackend(Backend):
         # Subscribe before listing, so that no exit falls between the two.
         await self._call(self._events_ready.wait, 30)
         await self._adopt_all()
+
+    async def _nosuid_data_root(self) -> None:
+        """Data folders are bound from a ``nosuid,nodev`` mount (``nosuid_mount``): rw binds
+        keep those flags in the kernel. (The engine's remount of a read-only bind drops
+        them; nothing can be written there from the kernel, and no kernel gains privileges
+        from a set-user-ID file anyway: no-new-privileges, every capability dropped.)"""
+        root = self.config.data_root
+        if root is None:
+            log.warning("no --data-root: data folders are bound without nosuid,nodev")
+            return
+        try:
+            self._mounted_root = await self._call(nosuid_mount, Path(root))
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            log.warning(
+                "cannot make the data root %s nosuid,nodev (%s %s): run the agent as root",
+                root,
+                exc,
+                detail.decode(errors="replace").strip(),
+            )
+            return
+        if self._mounted_root:
+            log.info("data root %s mounted nosuid,nodev", root)
 
     async def _adopt_all(self) -> None:
         containers = await self._call(
@@ -597,6 +625,8 @@ class DockerBackend(Backend):
         for task in list(self._tasks):
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._mounted_root and self.config.data_root is not None:
+            unmount(Path(self.config.data_root))
 
     # --- create -------------------------------------------------------------------------
 

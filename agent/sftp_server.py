@@ -35,7 +35,9 @@ What a client sees:
   only passes its group on), by chmod nor by an open's or mkdir's attributes;
 - writes that would take the owner's folders past their byte quota are refused with the
   figures (the usage of the owner's other folders comes in the configuration); the bytes in
-  use are one ledger shared by all of the session's connections, under a lock.
+  use are one ledger shared by all of the session's connections, under a lock, measured on
+  disk again before a connection's writes (at most every ``REMEASURE_SECONDS``: kernels of
+  other sessions write there too), and every write is refused while they are over.
 
 Configuration (JSON)::
 
@@ -61,6 +63,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import asyncssh
 from asyncssh.sftp import (
@@ -89,6 +92,7 @@ SSHD_CONFIG = os.path.join(STATE, "sftp_sshd_config")
 SSHD = "/usr/sbin/sshd"
 SUBSYSTEM = "bai-sftp"
 PIPE_SIZE = 1 << 20
+REMEASURE_SECONDS = 10.0  # how often a connection measures its folders again before a write
 READ_BUFFER = 4 << 20  # the largest read answered at once, as asyncssh's own limit
 MAX_MESSAGE_IN = 8 << 20  # a request's length, as read: asyncssh's own reads stop at 4 MiB
 CIPHERS = (
@@ -143,6 +147,36 @@ class Quota:
         self.other_bytes = other_bytes
         self.offset = index * 8
         self.ledger = ledger
+        self.folders: list[str] = []
+        self.measured = float("-inf")
+
+    def remeasure(self) -> None:
+        """Kernels write to the folders too (no filesystem quota stops them): before a
+        write, the ledger takes the bytes on disk again, at most every REMEASURE_SECONDS
+        in a connection; then refuse any write while the folders are over the quota."""
+        now = time.monotonic()
+        if now - self.measured >= REMEASURE_SECONDS:
+            self.measured = now
+            used = sum(tree_bytes(os.path.join(HOME, name)) for name in self.folders)
+            fcntl.flock(self.ledger, fcntl.LOCK_EX)
+            try:
+                os.pwrite(self.ledger, struct.pack("<q", used), self.offset)
+            finally:
+                fcntl.flock(self.ledger, fcntl.LOCK_UN)
+        if self.max_bytes is None:
+            return
+        now_used = self.other_bytes + self._used()
+        if now_used > self.max_bytes:
+            message = (
+                f"Write refused: your folders hold {human(now_used)}, over your "
+                f"{human(self.max_bytes)} quota (sessions wrote past it); delete files first."
+            )
+            log.warning("%s", message)
+            raise SFTPFailure(message)
+
+    def _used(self) -> int:
+        raw = os.pread(self.ledger, 8, self.offset)
+        return struct.unpack("<q", raw)[0] if len(raw) == 8 else 0
 
     def _update(self, delta: int, check: bool) -> None:
         fcntl.flock(self.ledger, fcntl.LOCK_EX)
@@ -328,6 +362,8 @@ class FolderSFTPServer(asyncssh.SFTPServer):
             self._check_name(real)
         if writes:
             self._check_mode(attrs, is_dir=False)
+            if folder.quota is not None:
+                folder.quota.remeasure()
         perms = 0o666 if attrs.permissions is None else attrs.permissions & 0o777
         fd = os.open(real, flags, perms)
         if pflags & FXF_TRUNC:
@@ -748,6 +784,7 @@ def load(config: dict, ledger: int | None = None) -> None:
         for name in entry.get("folders") or []:
             if isinstance(name, str):
                 quotas[name] = quota
+                quota.folders.append(name)
     for entry in config.get("folders") or []:
         name = entry["name"]
         if not name or "/" in name or name in (".", ".."):

@@ -222,6 +222,11 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-all-groups": {"task": "scheduler_app.tasks.schedule_all", "schedule": 5.0},
     "sweep-lost-agents": {"task": "scheduler_app.tasks.sweep_lost_agents", "schedule": 5.0},
     "sweep-timeouts": {"task": "scheduler_app.tasks.sweep_timeouts", "schedule": 10.0},
+    # Kernels' writes to data folders, measured after the fact (no filesystem quota here).
+    "sweep-folder-usage": {
+        "task": "scheduler_app.tasks.sweep_folder_usage",
+        "schedule": float(env_int("BAI_FOLDER_MEASURE_INTERVAL", 60, minimum=5, maximum=86400)),
+    },
     "reconcile-endpoints": {
         "task": "serving_app.tasks.reconcile_endpoints",
         "schedule": float(env_int("BAI_SERVE_RECONCILE_INTERVAL", 3, minimum=1)),

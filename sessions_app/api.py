@@ -945,9 +945,25 @@ class FolderSerializer(serializers.Serializer):
         "else the caller's own."
     )
     shares = serializers.SerializerMethodField(help_text="For its owner and admins; else [].")
+    measured_bytes = serializers.IntegerField(
+        allow_null=True,
+        help_text="The bytes last measured (after each upload, and every "
+        "BAI_FOLDER_MEASURE_INTERVAL seconds while a session mounts it); null: not yet.",
+    )
+    measured_at = serializers.DateTimeField(allow_null=True)
+    over_quota = serializers.SerializerMethodField(
+        help_text="true: its owner's folders, as last measured, hold more than the owner's "
+        "byte quota (sessions wrote past it); uploads into them are refused until under."
+    )
 
     def _user(self) -> Any:
         return self.context["user"]
+
+    def get_over_quota(self, obj: DataFolder) -> bool:
+        over = self.context.setdefault("over_quota", {})
+        if obj.owner_id not in over:
+            over[obj.owner_id] = selectors.owner_over_quota(owner=obj.owner)
+        return bool(over[obj.owner_id])
 
     def _manages(self, obj: DataFolder) -> bool:
         return obj.owner_id == self._user().pk or bool(self._user().is_staff)
@@ -1269,6 +1285,7 @@ class FolderFileContentApi(AsyncApiView):
             allowance=allowance,
             length=length,
         )
+        await db(services.folder_measure)(folder=access.folder)
         return Response({"path": "/".join(parts), "size": size}, status=status.HTTP_201_CREATED)
 
 

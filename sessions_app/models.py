@@ -368,6 +368,11 @@ class DataFolder(models.Model):
     )
     name = models.SlugField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The bytes last measured on disk (``services.folder_measure``: after each upload, and by
+    # the beat sweep while sessions mount it), so kernels' writes, which no filesystem quota
+    # stops here, are seen after the fact. Null: never measured.
+    measured_bytes = models.BigIntegerField(null=True, blank=True, editable=False)
+    measured_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]

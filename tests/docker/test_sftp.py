@@ -365,6 +365,7 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
 def test_sftp_refuses_set_id_bits_and_names_with_path_tricks(
     sftp_ready, images, live_system, agent, api, alice, tmp_path
 ):
+    ResourcePolicy.objects.filter(is_default=True).update(max_folder_bytes=2**20)
     live_system.start_agent(agent)
     work = tmp_path / "client"
     work.mkdir()
@@ -413,3 +414,17 @@ def test_sftp_refuses_set_id_bits_and_names_with_path_tricks(
     assert sorted(os.listdir(data.host_path)) == ["dir", "tool"]
     # A colon inside a name is an ordinary Linux name.
     assert _sftp(port, key, "put tool /data/12:30.log", work).returncode == 0
+
+    # A kernel writes past the quota while the SFTP session runs: every write is refused
+    # until the folder is under it again.
+    (data.host_path / "big.bin").write_bytes(b"k" * 5_000_003)
+    over = _sftp(port, key, "put tool /data/after.txt", work)
+    assert over.returncode != 0 and not (data.host_path / "after.txt").exists(), over.stdout
+    logs = _sftp_logs(sftp_ready, session_id)
+    assert "over your 1.0 MiB quota" in logs and "delete files first" in logs, logs[-2000:]
+    assert _sftp(port, key, "rm /data/big.bin\nput tool /data/after.txt", work).returncode == 0
+
+
+def _sftp_logs(docker_engine, session_id: str) -> str:
+    container = docker_engine.containers.get(_containers(docker_engine, session_id)["main1"])
+    return container.logs().decode()

@@ -379,6 +379,49 @@ def test_an_upload_past_the_byte_quota_is_refused_with_the_figures(as_alice, fol
     assert upload(as_alice, folder, "old.bin", b"r" * (950 * 1024)).status_code == 201
 
 
+def test_a_folder_a_kernel_wrote_past_the_quota_is_measured_shown_and_refuses_uploads(
+    as_alice, alice, folder, image, group, monkeypatch
+):
+    from scheduler_app import sweeps
+
+    policy(max_folder_bytes=1 * MiB)
+    session = Session.objects.create(owner=alice, name="writer", image=image, resource_group=group)
+    session.mounts.add(folder)
+    assert upload(as_alice, folder, "small.txt", b"x").status_code == 201
+    assert DataFolder.objects.get(pk=folder.pk).measured_bytes == 1  # measured after the upload
+    # A kernel writes 5,000,003 bytes: nothing stops it, the sweep sees it after the fact.
+    (folder.host_path / "big.bin").write_bytes(b"k" * 5_000_003)
+    # A folder whose walk fails does not stop the sweep for the others.
+    broken = services.folder_create(owner=alice, name="broken")
+    session.mounts.add(broken)
+    real_usage = sweeps.session_services.selectors.folder_usage
+
+    def usage(*, folder, seconds=2.0):
+        if folder.pk == broken.pk:
+            raise OSError("the storage of this folder is gone")
+        return real_usage(folder=folder, seconds=seconds)
+
+    monkeypatch.setattr(sweeps.session_services.selectors, "folder_usage", usage)
+    done = sweeps.sweep_folder_usage()
+    assert done["failed"] == [broken.pk] and folder.pk in done["measured"]
+    monkeypatch.undo()
+    assert DataFolder.objects.get(pk=folder.pk).measured_bytes == 5_000_004
+
+    listed = {f["name"]: f for f in as_alice.get("/api/v1/folders/").json()}
+    assert listed["data"]["over_quota"] is True
+    assert listed["data"]["measured_bytes"] == 5_000_004 and listed["data"]["measured_at"]
+    refused = upload(as_alice, folder, "more.txt", b"y")
+    message = error(refused, 413, "over your 1.0 MiB quota", "delete files first")
+    assert "4.8 MiB" in message, message
+    assert not (folder.host_path / "more.txt").exists()
+
+    # Under the quota again (the user deleted the big file): uploads pass, the badge goes.
+    assert as_alice.delete(url(folder, "files/") + "?path=big.bin").status_code == 204
+    sweeps.sweep_folder_usage()
+    assert as_alice.get(url(folder)).json()["over_quota"] is False
+    assert upload(as_alice, folder, "more.txt", b"y").status_code == 201
+
+
 def test_an_upload_without_a_length_is_stopped_once_it_passes_the_quota(alice, folder):
     policy(max_folder_bytes=1 * MiB)
     access = services.selectors.get_folder_for_user(user=alice, folder_id=folder.pk)

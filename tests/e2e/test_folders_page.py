@@ -304,7 +304,7 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
 
 
 def test_a_folder_over_the_byte_quota_shows_a_badge_and_the_refusal(
-    users, live_server_url, login, shot, tmp_path
+    users, group, live_server_url, login, shot, tmp_path
 ):
     from scheduler_app.sweeps import sweep_folder_usage
     from sessions_app import services

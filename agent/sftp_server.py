@@ -3,7 +3,8 @@
 The agent writes this file into the kernel's home (``~/.backendai/sftp_server.py``) with its
 configuration beside it (``~/.backendai/sftp.json``), and the kernel runs it as the kernel user
 with Debian's python3-asyncssh (2.10.1 in bookworm) and OpenSSH's ``sshd`` (9.2 in bookworm).
-Nothing else of the project is imported: it must run on the kernel's python alone.
+Of the project it imports only ``bai_common/names.py`` (standard library only), which the agent
+writes beside it: it must run on the kernel's python alone.
 
 Two parts, one file:
 
@@ -28,9 +29,15 @@ What a client sees:
   symlink pointing elsewhere (``ln -s /etc x`` in another session) is refused, never followed;
   a link's own entry is listed and may be removed;
 - a read-only folder refuses every write;
+- a new name (a file, a directory, a rename's target) follows the project's rule
+  (``bai_common/names.py``: no backslash, control character or leading drive);
+- no file gets a set-user-ID or set-group-ID bit (a directory may keep set-group-ID, which
+  only passes its group on), by chmod nor by an open's or mkdir's attributes;
 - writes that would take the owner's folders past their byte quota are refused with the
   figures (the usage of the owner's other folders comes in the configuration); the bytes in
-  use are one ledger shared by all of the session's connections, under a lock.
+  use are one ledger shared by all of the session's connections, under a lock, measured on
+  disk again before a connection's writes (at most every ``REMEASURE_SECONDS``: kernels of
+  other sessions write there too), and every write is refused while they are over.
 
 Configuration (JSON)::
 
@@ -56,6 +63,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import asyncssh
 from asyncssh.sftp import (
@@ -72,6 +80,9 @@ from asyncssh.sftp import (
     SFTPPermissionDenied,
 )
 
+# The project's rule for names; in a kernel, the agent writes it beside this file.
+from bai_common.names import name_problem
+
 HOME = os.environ.get("HOME") or "/home/work"
 STATE = os.path.join(HOME, ".backendai")
 CONFIG = os.path.join(STATE, "sftp.json")
@@ -81,6 +92,7 @@ SSHD_CONFIG = os.path.join(STATE, "sftp_sshd_config")
 SSHD = "/usr/sbin/sshd"
 SUBSYSTEM = "bai-sftp"
 PIPE_SIZE = 1 << 20
+REMEASURE_SECONDS = 10.0  # how often a connection measures its folders again before a write
 READ_BUFFER = 4 << 20  # the largest read answered at once, as asyncssh's own limit
 MAX_MESSAGE_IN = 8 << 20  # a request's length, as read: asyncssh's own reads stop at 4 MiB
 CIPHERS = (
@@ -135,6 +147,36 @@ class Quota:
         self.other_bytes = other_bytes
         self.offset = index * 8
         self.ledger = ledger
+        self.folders: list[str] = []
+        self.measured = float("-inf")
+
+    def remeasure(self) -> None:
+        """Kernels write to the folders too (no filesystem quota stops them): before a
+        write, the ledger takes the bytes on disk again, at most every REMEASURE_SECONDS
+        in a connection; then refuse any write while the folders are over the quota."""
+        now = time.monotonic()
+        if now - self.measured >= REMEASURE_SECONDS:
+            self.measured = now
+            used = sum(tree_bytes(os.path.join(HOME, name)) for name in self.folders)
+            fcntl.flock(self.ledger, fcntl.LOCK_EX)
+            try:
+                os.pwrite(self.ledger, struct.pack("<q", used), self.offset)
+            finally:
+                fcntl.flock(self.ledger, fcntl.LOCK_UN)
+        if self.max_bytes is None:
+            return
+        now_used = self.other_bytes + self._used()
+        if now_used > self.max_bytes:
+            message = (
+                f"Write refused: your folders hold {human(now_used)}, over your "
+                f"{human(self.max_bytes)} quota (sessions wrote past it); delete files first."
+            )
+            log.warning("%s", message)
+            raise SFTPFailure(message)
+
+    def _used(self) -> int:
+        raw = os.pread(self.ledger, 8, self.offset)
+        return struct.unpack("<q", raw)[0] if len(raw) == 8 else 0
 
     def _update(self, delta: int, check: bool) -> None:
         fcntl.flock(self.ledger, fcntl.LOCK_EX)
@@ -235,6 +277,27 @@ class FolderSFTPServer(asyncssh.SFTPServer):
             raise SFTPPermissionDenied(f"Folder '{folder.name}' is read-only")
         return folder, real
 
+    @staticmethod
+    def _check_name(real: bytes) -> None:
+        """A name about to be made: refused unless the project's rule allows it."""
+        name = posixpath.basename(real).decode("utf-8", "surrogateescape")
+        problem = name_problem(name)
+        if problem is not None:
+            raise SFTPPermissionDenied(f"Refused: {name!r}: {problem}")
+
+    @staticmethod
+    def _check_mode(attrs: SFTPAttrs, is_dir: bool) -> None:
+        """Refuse a set-user-ID bit, and a set-group-ID bit on anything but a directory:
+        a kernel that runs such a file would run it as its owner or group."""
+        mode = attrs.permissions
+        if mode is None:
+            return
+        if mode & stat.S_ISUID or (mode & stat.S_ISGID and not is_dir):
+            raise SFTPPermissionDenied(
+                f"Refused: mode {mode & 0o7777:04o} sets the set-user-ID or set-group-ID bit,"
+                " which files in folders may not have"
+            )
+
     def map_path(self, path: bytes) -> bytes:
         # Whatever asyncssh does by itself with a path (statvfs, scp's helpers) stays confined.
         return self._resolve(path)[1]
@@ -295,6 +358,12 @@ class FolderSFTPServer(asyncssh.SFTPServer):
             before = os.lstat(real)
         except FileNotFoundError:
             pass
+        if before is None and pflags & FXF_CREAT:
+            self._check_name(real)
+        if writes:
+            self._check_mode(attrs, is_dir=False)
+            if folder.quota is not None:
+                folder.quota.remeasure()
         perms = 0o666 if attrs.permissions is None else attrs.permissions & 0o777
         fd = os.open(real, flags, perms)
         if pflags & FXF_TRUNC:
@@ -365,6 +434,7 @@ class FolderSFTPServer(asyncssh.SFTPServer):
                 folder.quota.add(grows)
             size_now = attrs.size
         if attrs.permissions is not None:
+            self._check_mode(attrs, is_dir=stat.S_ISDIR(os.stat(target).st_mode))
             os.chmod(target, attrs.permissions & 0o7777)
         if attrs.atime is not None and attrs.mtime is not None:
             os.utime(target, (attrs.atime, attrs.mtime))
@@ -391,6 +461,8 @@ class FolderSFTPServer(asyncssh.SFTPServer):
 
     def mkdir(self, path: bytes, attrs: SFTPAttrs) -> None:
         _, real = self._changeable(path)
+        self._check_name(real)
+        self._check_mode(attrs, is_dir=True)
         os.mkdir(real, 0o777 if attrs.permissions is None else attrs.permissions & 0o777)
 
     def rmdir(self, path: bytes) -> None:
@@ -408,6 +480,7 @@ class FolderSFTPServer(asyncssh.SFTPServer):
         new_folder, new = self._changeable(newpath)
         if old_folder is not new_folder:
             raise SFTPOpUnsupported("Move between folders: copy, then remove the original")
+        self._check_name(new)
         replaced = None
         try:
             replaced = os.lstat(new)
@@ -711,6 +784,7 @@ def load(config: dict, ledger: int | None = None) -> None:
         for name in entry.get("folders") or []:
             if isinstance(name, str):
                 quotas[name] = quota
+                quota.folders.append(name)
     for entry in config.get("folders") or []:
         name = entry["name"]
         if not name or "/" in name or name in (".", ".."):

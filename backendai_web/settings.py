@@ -73,6 +73,7 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
     "sessions_app.middleware.BodySizeLimitMiddleware",
     "sessions_app.middleware.JsonDepthLimitMiddleware",
+    "sessions_app.middleware.NulQueryMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -221,6 +222,11 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-all-groups": {"task": "scheduler_app.tasks.schedule_all", "schedule": 5.0},
     "sweep-lost-agents": {"task": "scheduler_app.tasks.sweep_lost_agents", "schedule": 5.0},
     "sweep-timeouts": {"task": "scheduler_app.tasks.sweep_timeouts", "schedule": 10.0},
+    # Kernels' writes to data folders, measured after the fact (no filesystem quota here).
+    "sweep-folder-usage": {
+        "task": "scheduler_app.tasks.sweep_folder_usage",
+        "schedule": float(env_int("BAI_FOLDER_MEASURE_INTERVAL", 60, minimum=5, maximum=86400)),
+    },
     "reconcile-endpoints": {
         "task": "serving_app.tasks.reconcile_endpoints",
         "schedule": float(env_int("BAI_SERVE_RECONCILE_INTERVAL", 3, minimum=1)),
@@ -291,6 +297,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # The API takes JSON only (uploads read their raw body): a form or multipart body
+    # gets 415 naming the media type, never a QueryDict where a JSON object was meant.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_SCHEMA_CLASS": "sessions_app.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "sessions_app.errors.exception_handler",
 }

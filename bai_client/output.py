@@ -116,7 +116,7 @@ def folders_table(folders: list[dict[str, Any]]) -> None:
                 f["name"],
                 f["owner"],
                 f["permission"],
-                size(f["size_bytes"]),
+                size(f["size_bytes"]) + (" (over quota)" if f.get("over_quota") else ""),
                 f["file_count"],
                 ", ".join(m["name"] for m in f["mounted_by"]) or "-",
             ]

@@ -158,6 +158,7 @@ class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer
 
     agent_id: str | None = None
     group: str | None = None
+    generation = 0
     _worker: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
@@ -301,11 +302,22 @@ class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer
             await self._close_protocol(str(exc))
             return
         self.group = protocol.agent_group(agent.pk)
-        # Only one live connection per agent: the newest one wins.
-        await self.channel_layer.group_send(
-            self.group, {"type": protocol.GW_AGENT_REPLACED, "channel": self.channel_name}
-        )
+        self.generation = agent.connection_generation
+        # Only one live connection per agent: the newest registration wins. Join the group
+        # first, then announce: an older connection that joined before this announcement
+        # hears it; one that joins after it finds the newer number in the database below.
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_send(
+            self.group,
+            {
+                "type": protocol.GW_AGENT_REPLACED,
+                "channel": self.channel_name,
+                "generation": self.generation,
+            },
+        )
+        if await _db(reconcile.agent_generation)(agent_id=agent.pk) != self.generation:
+            await self._replaced()
+            return
         _claim(self.channel_layer, self.group, self.channel_name)
         await self.send_json(
             {
@@ -555,9 +567,20 @@ class AgentGatewayConsumer(LoopDispatch, OpenSockets, AsyncJsonWebsocketConsumer
             self._want_reconcile(None)
 
     async def agent_replaced(self, event: dict[str, Any]) -> None:
-        if event.get("channel") != self.channel_name:
-            logger.info("agent %s: a newer connection took over", self.agent_id)
-            _release(self.channel_layer, self.group, self.channel_name)
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            self.group = None
-            await self.close(code=protocol.CLOSE_REPLACED)
+        if self.group is None or event.get("channel") == self.channel_name:
+            return
+        # An older connection's announcement (it registered before this one) changes nothing.
+        if event.get("generation", self.generation + 1) > self.generation:
+            await self._replaced()
+
+    async def _replaced(self) -> None:
+        """Leave the agent's group and close with CLOSE_REPLACED, saying why: a newer
+        connection of the same agent registered. Not a disconnection of the agent."""
+        logger.info("agent %s: a newer connection took over", self.agent_id)
+        _release(self.channel_layer, self.group, self.channel_name)
+        await self.channel_layer.group_discard(self.group, self.channel_name)
+        self.group = None
+        await self._error(
+            "replaced: a newer connection of this agent registered; this one is closed"
+        )
+        await self.close(code=protocol.CLOSE_REPLACED)

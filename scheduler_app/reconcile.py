@@ -30,6 +30,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import DatabaseError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from agent import protocol
@@ -92,6 +93,7 @@ def agent_register(*, agent: Agent, info: dict[str, Any], now: datetime | None =
         "labels": info.get("labels") or {},
         "last_heartbeat_at": now,
         "lost_at": None,
+        "connection_generation": F("connection_generation") + 1,
     }
     if agent.first_contact_at is None:
         fields["first_contact_at"] = now
@@ -106,10 +108,16 @@ def agent_register(*, agent: Agent, info: dict[str, Any], now: datetime | None =
         )
     with transaction.atomic():
         Agent.objects.filter(pk=agent.pk).update(**fields)
-    agent.refresh_from_db()
+        # Read back under the update's row lock: this registration's own generation.
+        agent.refresh_from_db()
     logger.info("agent %s registered: %s backend, slots %s", agent.pk, agent.backend, capacity)
     session_services.request_scheduling(group_id=agent.resource_group_id)
     return agent
+
+
+def agent_generation(*, agent_id: str) -> int | None:
+    """The number of the agent's newest registration (``agent_register``); None if gone."""
+    return Agent.objects.filter(pk=agent_id).values_list("connection_generation", flat=True).first()
 
 
 # --- what a kernel is given -------------------------------------------------

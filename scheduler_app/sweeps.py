@@ -46,6 +46,8 @@ from sessions_app.deadlines import (
 )
 from sessions_app.errors import Conflict
 from sessions_app.models import (
+    ACTIVE,
+    DataFolder,
     Kernel,
     KernelRole,
     ResourcePolicy,
@@ -232,3 +234,18 @@ def batch_candidates(*, now: datetime) -> list[Any]:
         .filter(~in_range | (in_range & Q(started_at__lte=cutoff)))
         .values_list("session_id", flat=True)
     )
+
+
+def sweep_folder_usage() -> dict[str, list[Any]]:
+    """Measure the folders that kernels may be writing now (those mounted by live
+    sessions) and those never measured, and store their usage
+    (``services.folders_measure``: one bad folder never stops the others). The
+    filesystem here has no quota of its own, so a kernel's writes are seen after
+    the fact: the owner's uploads (API, SFTP) are refused while over."""
+    mounted = DataFolder.objects.filter(sessions__status__in=ACTIVE)
+    never = DataFolder.objects.filter(measured_at__isnull=True)
+    ids = set(mounted.values_list("pk", flat=True)) | set(never.values_list("pk", flat=True))
+    done = session_services.folders_measure(folder_ids=ids)
+    if done["failed"]:
+        logger.warning("folder usage: %d folders could not be measured", len(done["failed"]))
+    return done

@@ -113,3 +113,11 @@ def sweep_timeouts() -> None:
     from . import sweeps
 
     sweeps.sweep_timeouts()
+
+
+@shared_task(name="scheduler_app.tasks.sweep_folder_usage", ignore_result=True)
+def sweep_folder_usage() -> None:
+    """Measure the usage of folders that sessions mount (kernels write past quotas)."""
+    from . import sweeps
+
+    sweeps.sweep_folder_usage()

@@ -334,10 +334,14 @@ def token_create(
     """A new caller token and its plain text, which exists only now."""
     if expires_at is not None and expires_at <= timezone.now():
         raise _bad("expires_at", "must be in the future")
-    if endpoint.tokens.count() >= MAX_TOKENS:
-        raise Conflict(f"An endpoint has at most {MAX_TOKENS} tokens: delete one first.")
     plain = "bai_" + secrets.token_hex(24)
     with transaction.atomic():
+        # The count and the insert under the endpoint's row lock: parallel creates
+        # queue here, so none of them counts before another's insert is committed.
+        if not Endpoint.objects.select_for_update().filter(pk=endpoint.pk).exists():
+            raise NotFound("No such endpoint.")
+        if endpoint.tokens.count() >= MAX_TOKENS:
+            raise Conflict(f"An endpoint has at most {MAX_TOKENS} tokens: delete one first.")
         token = EndpointToken.objects.create(
             endpoint=endpoint,
             prefix=plain[4:12],

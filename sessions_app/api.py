@@ -92,17 +92,10 @@ class QueryFlag(serializers.BooleanField):
 
 
 def _query(request: Request, serializer: type[serializers.Serializer]) -> dict[str, Any]:
-    """A view's query parameters, validated like a body: a NUL anywhere in the
-    query is refused (it would reach the database), and so is a parameter
-    given twice (which value would count?)."""
+    """A view's query parameters, validated like a body: a parameter given twice
+    is refused (which value would count?). A NUL anywhere in a query never gets
+    here (``middleware.NulQueryMiddleware``)."""
     params = request.query_params
-    for key, values in params.lists():
-        if "\x00" in key or any("\x00" in value for value in values):
-            name = key.replace("\x00", "\\x00")
-            raise InvalidInput(
-                f"{name}: a query parameter must not contain a NUL character",
-                {name: ["must not contain a NUL character"]},
-            )
     fields = serializer().fields
     repeated = [name for name in fields if len(params.getlist(name)) > 1]
     if repeated:
@@ -952,9 +945,25 @@ class FolderSerializer(serializers.Serializer):
         "else the caller's own."
     )
     shares = serializers.SerializerMethodField(help_text="For its owner and admins; else [].")
+    measured_bytes = serializers.IntegerField(
+        allow_null=True,
+        help_text="The bytes last measured (after each upload, and every "
+        "BAI_FOLDER_MEASURE_INTERVAL seconds while a session mounts it); null: not yet.",
+    )
+    measured_at = serializers.DateTimeField(allow_null=True)
+    over_quota = serializers.SerializerMethodField(
+        help_text="true: its owner's folders, as last measured, hold more than the owner's "
+        "byte quota (sessions wrote past it); uploads into them are refused until under."
+    )
 
     def _user(self) -> Any:
         return self.context["user"]
+
+    def get_over_quota(self, obj: DataFolder) -> bool:
+        over = self.context.setdefault("over_quota", {})
+        if obj.owner_id not in over:
+            over[obj.owner_id] = selectors.owner_over_quota(owner=obj.owner)
+        return bool(over[obj.owner_id])
 
     def _manages(self, obj: DataFolder) -> bool:
         return obj.owner_id == self._user().pk or bool(self._user().is_staff)
@@ -1086,7 +1095,9 @@ class FolderDetailApi(APIView):
 # Files inside a folder. ``path`` is relative to the folder (``folder_files.clean_path``).
 
 PATH_HELP = (
-    "Relative to the folder, '/'-separated; no '..', '.', empty part or NUL; "
+    "Relative to the folder, '/'-separated; no '..', '.', empty part or NUL; a name made "
+    "(upload, mkdir, rename's new_path) has no backslash, control character or leading drive "
+    "('C:'); "
     f"at most {folder_files.MAX_PATH_BYTES} bytes and {folder_files.MAX_DEPTH} levels."
 )
 
@@ -1118,9 +1129,11 @@ class OptionalPathQuerySerializer(serializers.Serializer):
     )
 
 
-def _path_query(request: Request, *, allow_root: bool) -> tuple[str, ...]:
+def _path_query(request: Request, *, allow_root: bool, new: bool = False) -> tuple[str, ...]:
     serializer = OptionalPathQuerySerializer if allow_root else PathQuerySerializer
-    return folder_files.clean_path(_query(request, serializer)["path"], allow_root=allow_root)
+    return folder_files.clean_path(
+        _query(request, serializer)["path"], allow_root=allow_root, new=new
+    )
 
 
 class FileEntrySerializer(serializers.Serializer):
@@ -1258,7 +1271,7 @@ class FolderFileContentApi(AsyncApiView):
         nothing). Past the owner's byte quota: 413 with the figures, before
         reading when Content-Length is given, else as soon as the stream passes it."""
         access = await db(selectors.get_folder_for_user)(user=request.user, folder_id=folder_id)
-        parts = _path_query(request, allow_root=False)
+        parts = _path_query(request, allow_root=False, new=True)
         length = _content_length(request)
         allowance = await db(services.folder_upload_allowance)(
             access=access, user=request.user, parts=parts
@@ -1272,6 +1285,7 @@ class FolderFileContentApi(AsyncApiView):
             allowance=allowance,
             length=length,
         )
+        await db(services.folder_measure)(folder=access.folder)
         return Response({"path": "/".join(parts), "size": size}, status=status.HTTP_201_CREATED)
 
 
@@ -1320,7 +1334,7 @@ class FolderMkdirApi(APIView):
         access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        parts = folder_files.clean_path(data.validated_data["path"])
+        parts = folder_files.clean_path(data.validated_data["path"], new=True)
         access.require_write()
         folder_files.make_dir(access.folder.host_path, parts)
         return Response({"path": "/".join(parts)}, status=status.HTTP_201_CREATED)
@@ -1354,7 +1368,7 @@ class FolderRenameApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         src = folder_files.clean_path(data.validated_data["path"])
-        dst = folder_files.clean_path(data.validated_data["new_path"], field="new_path")
+        dst = folder_files.clean_path(data.validated_data["new_path"], field="new_path", new=True)
         access.require_write()
         folder_files.rename(access.folder.host_path, src, dst)
         return Response({"path": "/".join(src), "new_path": "/".join(dst)})

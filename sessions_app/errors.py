@@ -142,6 +142,11 @@ def _error_response(exc: Exception, context: dict[str, Any]) -> Response | None:
     elif isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
         # Retry-After says the same, in a header (DRF sets it from exc.wait).
         response.data = {"message": str(exc.detail), "extra": {"retry_after": math.ceil(exc.wait)}}
+    elif isinstance(exc, drf_exceptions.UnsupportedMediaType):
+        response.data = {
+            "message": f"{exc.detail} The API takes JSON: send Content-Type: application/json.",
+            "extra": {},
+        }
     else:
         detail = getattr(exc, "detail", str(exc))
         response.data = {"message": str(detail), "extra": {}}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import protocol
+from bai_common.names import name_problem, safe_member_name
 
 from .errors import Conflict, InvalidInput, NotFound, field_error
 
@@ -49,11 +50,16 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # --- paths ------------------------------------------------------------------------
 
 
-def clean_path(text: object, *, field: str = "path", allow_root: bool = False) -> tuple[str, ...]:
+def clean_path(
+    text: object, *, field: str = "path", allow_root: bool = False, new: bool = False
+) -> tuple[str, ...]:
     """A path inside a folder as its parts, or InvalidInput naming what is wrong.
 
     Relative, ``/``-separated, no empty, ``.`` or ``..`` part, no NUL, at most
-    ``MAX_PATH_BYTES`` bytes and ``MAX_DEPTH`` levels. ``""`` is the folder
+    ``MAX_PATH_BYTES`` bytes and ``MAX_DEPTH`` levels. With ``new`` (a path to be
+    made: an upload, a directory, a rename's target), every part must be a name
+    ``bai_common.names`` allows (no backslash, control character or drive); an
+    existing file a kernel named otherwise can still be read, renamed and removed. ``""`` is the folder
     itself, allowed only with ``allow_root``.
     """
     if not isinstance(text, str):
@@ -81,6 +87,8 @@ def clean_path(text: object, *, field: str = "path", allow_root: bool = False) -
             raise field_error(field, f"must not contain {shown}: paths stay inside the folder")
         if len(part.encode("utf-8")) > MAX_NAME_BYTES:
             raise field_error(field, f"has a name longer than {MAX_NAME_BYTES} bytes")
+        if new and (problem := name_problem(part)) is not None:
+            raise field_error(field, f"{part!r}: {problem}")
     return parts
 
 
@@ -374,13 +382,15 @@ def archive_members(root: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[
 def zip_chunks(root: Path, parts: tuple[str, ...]) -> Iterator[bytes]:
     """A zip of the tree at ``parts`` (the whole folder for ``()``), made as it is
     read: stored, not compressed (data is often compressed already, and the
-    point is throughput). Names in it are relative to ``parts``."""
+    point is throughput). Names in it are relative to ``parts``, each made safe to
+    unpack anywhere (``bai_common.names.safe_member_name``)."""
     import zipstream
 
     zs = zipstream.ZipStream(sized=False)
     base = len(parts)
     for member, kind in archive_members(root, parts):
-        arcname = "/".join(member[base:])
+        # A kernel may have written any name Linux allows: only safe ones go in the zip.
+        arcname = "/".join(safe_member_name(name) for name in member[base:])
         if kind == "dir":
             zs.add(None, arcname + "/")
         else:

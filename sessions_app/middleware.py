@@ -9,7 +9,7 @@ from io import BytesIO
 from itertools import accumulate
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from backendai_web.serve import code_run_limit
 
@@ -96,3 +96,28 @@ class JsonDepthLimitMiddleware:
                     status=400,
                 )
         return self.get_response(request)
+
+
+class NulQueryMiddleware:
+    """A NUL anywhere in the query string gets 400 before any view reads it: no
+    database stores one in text (PostgreSQL refuses it), and no path on disk
+    holds one. Bodies are checked field by field by their serializers."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        for key, values in request.GET.lists():
+            if "\x00" in key or any("\x00" in value for value in values):
+                return _nul_refused(request, key.replace("\x00", "\\x00"))
+        return self.get_response(request)
+
+
+def _nul_refused(request: HttpRequest, name: str) -> HttpResponse:
+    problem = "must not contain a NUL character"
+    message = f"{name}: a query parameter {problem}"
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"message": message, "extra": {"fields": {name: [problem]}}}, status=400
+        )
+    return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")

@@ -208,6 +208,10 @@ class Agent(models.Model):
     first_contact_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     lost_at = models.DateTimeField(null=True, blank=True)
+    # Counts the agent's registrations: each connection keeps the number it got, and the
+    # gateway closes any connection whose number is no longer the newest (two registering
+    # at once with the same token keep one; scheduler_app.consumers).
+    connection_generation = models.PositiveBigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -364,6 +368,11 @@ class DataFolder(models.Model):
     )
     name = models.SlugField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The bytes last measured on disk (``services.folder_measure``: after each upload, and by
+    # the beat sweep while sessions mount it), so kernels' writes, which no filesystem quota
+    # stops here, are seen after the fact. Null: never measured.
+    measured_bytes = models.BigIntegerField(null=True, blank=True, editable=False)
+    measured_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]

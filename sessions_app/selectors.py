@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import Count, Prefetch, Q, QuerySet, TextField, prefetch_related_objects
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum, TextField, prefetch_related_objects
 from django.db.models.functions import Cast
 from knox.models import AuthToken
 
@@ -341,6 +341,16 @@ def storage_used(*, owner: AbstractBaseUser, seconds: float = FOLDER_WALK_SECOND
         folder_files.usage(folder.host_path, deadline=deadline).bytes
         for folder in DataFolder.objects.filter(owner=owner)
     )
+
+
+def owner_over_quota(*, owner: AbstractBaseUser) -> bool:
+    """Whether the bytes last measured in ``owner``'s folders (``DataFolder.measured_bytes``)
+    are past their policy's byte quota."""
+    policy = policy_for_user(user=owner)
+    if policy is None or policy.max_folder_bytes is None:
+        return False
+    measured = DataFolder.objects.filter(owner=owner).aggregate(total=Sum("measured_bytes"))
+    return int(measured["total"] or 0) > policy.max_folder_bytes
 
 
 @dataclass(frozen=True)

@@ -488,14 +488,38 @@ def folder_upload_allowance(
     # The ledger is read before the disk: bytes landing in between count twice (a
     # refusal a little early), never not at all.
     mark = int(shared_redis.client().get(_upload_ledger_key(folder.owner_id)) or 0)
+    owner_name = "your" if folder.owner_id == user.pk else f"{folder.owner.username}'s"
+    used = selectors.storage_used(owner=folder.owner)
+    if used > max_bytes:
+        # Sessions wrote past the quota (no filesystem quota stops a kernel here).
+        shown = units.format_size_rounded
+        raise PayloadTooLarge(
+            f"Upload refused: {owner_name} folders hold {shown(used)}, over "
+            f"{'your' if owner_name == 'your' else 'their'} {shown(max_bytes)} quota "
+            "(sessions wrote past it). Uploads are refused until they are under it again: "
+            "delete files first.",
+            {"used_bytes": used, "max_bytes": max_bytes, "over_quota": True},
+        )
     return UploadAllowance(
-        owner_name="your" if folder.owner_id == user.pk else f"{folder.owner.username}'s",
-        used=selectors.storage_used(owner=folder.owner),
+        owner_name=owner_name,
+        used=used,
         max_bytes=max_bytes,
         replaced=folder_files.existing_file_size(folder.host_path, parts),
         owner_id=folder.owner_id,
         mark=mark,
     )
+
+
+def folder_measure(*, folder: DataFolder, seconds: float | None = None) -> int:
+    """Measure the bytes ``folder`` holds on disk now and store them (``measured_bytes``).
+    A walk cut short by its time bound stores what it counted: a lower bound."""
+    used = selectors.folder_usage(
+        folder=folder, seconds=selectors.FOLDER_WALK_SECONDS if seconds is None else seconds
+    ).bytes
+    now = timezone.now()
+    DataFolder.objects.filter(pk=folder.pk).update(measured_bytes=used, measured_at=now)
+    folder.measured_bytes, folder.measured_at = used, now
+    return int(used)
 
 
 def folder_file_write(
@@ -520,6 +544,21 @@ def folder_file_write(
         raise allowance.refusal(exc.args[0], so_far=True) from None
     logger.info("folder %s: wrote %s bytes", folder.pk, size)
     return size
+
+
+def folders_measure(*, folder_ids: Iterable[Any]) -> dict[str, list[Any]]:
+    """Measure each folder (``folder_measure``); one that fails (storage gone, a walk
+    error, a database error) is logged and skipped, never stopping the others."""
+    done: dict[str, list[Any]] = {"measured": [], "failed": []}
+    for folder in DataFolder.objects.filter(pk__in=list(folder_ids)).order_by("pk"):
+        try:
+            folder_measure(folder=folder)
+        except Exception:  # noqa: BLE001 - one bad folder never stops the sweep
+            logger.warning("folder %s: cannot measure its usage", folder.pk, exc_info=True)
+            done["failed"].append(folder.pk)
+        else:
+            done["measured"].append(folder.pk)
+    return done
 
 
 def template_save(

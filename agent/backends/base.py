@@ -17,6 +17,7 @@ import logging
 import os
 import resource
 import socket
+import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -463,6 +464,34 @@ class Backend(ABC):
                 raise KernelError(f"mount path {host_path!r} is outside the data root {root}")
             return real
         return resolved
+
+
+def nosuid_mount(root: Path) -> bool:
+    """Make ``root`` (the data root) a mount of its own with ``nosuid,nodev`` (a bind of
+    itself), unless the mount it is on has both already; True if this call mounted it.
+
+    The engine's bind mounts of the data folders below it copy these flags, so a kernel
+    never runs a set-user-ID file or opens a device node from a folder (the engine's API
+    has no ``nosuid`` for binds). Needs root; OSError or CalledProcessError if refused."""
+    flags = os.statvfs(root).f_flag
+    if flags & os.ST_NOSUID and flags & os.ST_NODEV:
+        return False
+    subprocess.run(["mount", "--bind", str(root), str(root)], check=True, capture_output=True)
+    try:
+        subprocess.run(
+            ["mount", "-o", "remount,bind,nosuid,nodev", str(root)],
+            check=True,
+            capture_output=True,
+        )
+    except subprocess.CalledProcessError:
+        subprocess.run(["umount", str(root)], check=False, capture_output=True)
+        raise
+    return True
+
+
+def unmount(root: Path) -> None:
+    """Undo ``nosuid_mount`` (a mount still in use stays; a later agent reuses it)."""
+    subprocess.run(["umount", str(root)], check=False, capture_output=True)
 
 
 def prepare_host_folder(path: Path, uid: int = 1000, gid: int = 1000) -> None:

@@ -28,6 +28,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -53,13 +54,16 @@ from agent.backends.base import (
     ThreadPipe,
     chunked_text,
     nofile_limit,
+    nosuid_mount,
     prepare_host_folder,
     render_env_file,
     render_ssh_environment,
     runner_argv,
     trim_tail,
+    unmount,
 )
 from agent.publish import PublishedPort
+from bai_common import names
 from bai_common.sshkeys import fingerprint
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,7 @@ SSH_PORT = 2200
 SFTP_START_TIMEOUT = 30.0  # how long an SFTP kernel's server may take to listen
 SFTP_HOST_KEY = ".backendai/sftp_host_key"
 SFTP_SERVER_SOURCE = Path(__file__).resolve().parents[1] / "sftp_server.py"
+NAMES_SOURCE = Path(names.__file__)
 # The SFTP kernel's command, run by the RUNNER: it runs sshd with SFTP and SCP only (see
 # agent/sftp_server.py; Debian's asyncssh warns of deprecated ciphers on import: -W ignore
 # keeps the log for what matters).
@@ -162,6 +167,7 @@ def write_kernel_home(
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     files = {".backendai_env": render_env_file(env), **(extra_files or {})}
     dirs = [home, home / ".backendai"]
+    dirs += sorted({(home / name).parent for name in files} - {home, *dirs})
     if ssh:
         public = ssh["public_key"].rstrip("\n") + "\n"
         allowed = public + "".join(key.strip() + "\n" for key in authorized_keys)
@@ -236,6 +242,9 @@ def sftp_files(kspec: dict[str, Any]) -> tuple[dict[str, str], str]:
         SFTP_HOST_KEY: private,
         ".backendai/sftp.json": json.dumps(config, indent=1) + "\n",
         ".backendai/sftp_server.py": SFTP_SERVER_SOURCE.read_text(),
+        # What the server imports of the project: the rule for names.
+        ".backendai/bai_common/__init__.py": "",
+        ".backendai/bai_common/names.py": NAMES_SOURCE.read_text(),
     }
     return files, fingerprint
 
@@ -411,6 +420,7 @@ class DockerBackend(Backend):
         self._images_seen: set[str] = set()
         self._swarm_info: dict[str, Any] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._mounted_root = False
 
     def home_dir(self, kernel_id: str) -> Path:
         """The host directory mounted as a kernel's writable home."""
@@ -445,6 +455,7 @@ class DockerBackend(Backend):
                 os.geteuid(),
                 KERNEL_UID,
             )
+        await self._nosuid_data_root()
         self._events_thread = threading.Thread(
             target=self._events_main, name="docker-events", daemon=True
         )
@@ -452,6 +463,29 @@ class DockerBackend(Backend):
         # Subscribe before listing, so that no exit falls between the two.
         await self._call(self._events_ready.wait, 30)
         await self._adopt_all()
+
+    async def _nosuid_data_root(self) -> None:
+        """Data folders are bound from a ``nosuid,nodev`` mount (``nosuid_mount``): rw binds
+        keep those flags in the kernel. (The engine's remount of a read-only bind drops
+        them; nothing can be written there from the kernel, and no kernel gains privileges
+        from a set-user-ID file anyway: no-new-privileges, every capability dropped.)"""
+        root = self.config.data_root
+        if root is None:
+            log.warning("no --data-root: data folders are bound without nosuid,nodev")
+            return
+        try:
+            self._mounted_root = await self._call(nosuid_mount, Path(root))
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            log.warning(
+                "cannot make the data root %s nosuid,nodev (%s %s): run the agent as root",
+                root,
+                exc,
+                detail.decode(errors="replace").strip(),
+            )
+            return
+        if self._mounted_root:
+            log.info("data root %s mounted nosuid,nodev", root)
 
     async def _adopt_all(self) -> None:
         containers = await self._call(
@@ -591,6 +625,8 @@ class DockerBackend(Backend):
         for task in list(self._tasks):
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._mounted_root and self.config.data_root is not None:
+            unmount(Path(self.config.data_root))
 
     # --- create -------------------------------------------------------------------------
 

@@ -38,6 +38,13 @@ function ownerTag(f) {
   return el("span.tag.tag-shared", { "data-role": "shared-by" }, `${f.owner}’s · ${PERMISSION[f.permission]}`);
 }
 
+// Sessions wrote past the owner's byte quota (measured after the fact): uploads are refused.
+function overQuotaTag(f) {
+  const who = f.permission === "owner" ? "Your" : `${f.owner}’s`;
+  const title = `${who} folders hold more than the byte quota: uploads are refused until files are deleted.`;
+  return el("span.tag.tag-over", { "data-role": "over-quota", title }, "over quota");
+}
+
 function row(f) {
   const mine = f.permission === "owner" || f.can_manage;
   const tick = el("input", { type: "checkbox", value: f.id, "aria-label": `Select ${f.name} for SFTP`, onchange: selection });
@@ -46,7 +53,7 @@ function row(f) {
     { dataset: { id: f.id, name: f.name } },
     el("td.check-col", {}, tick),
     el("td.name-cell", {}, el("a", { href: `/folders/${f.id}/` }, f.name), " ", ownerTag(f)),
-    el("td.num", { "data-role": "size" }, fmtMem(f.size_bytes)),
+    el("td.num", { "data-role": "size" }, fmtMem(f.size_bytes), f.over_quota ? [" ", overQuotaTag(f)] : null),
     el("td.num", { "data-role": "files" }, String(f.file_count)),
     el(
       "td",

@@ -521,3 +521,40 @@ async def test_a_command_from_the_gateways_own_process_skips_redis_until_it_disc
     await comm.disconnect()
     await get_channel_layer().group_send(group, protocol.gw_agent_command(follow))
     assert [c for c in published if group in c]
+
+
+async def _settled(comm: WebsocketCommunicator) -> tuple[int | None, list[dict]]:
+    """The frames a connection got until it went quiet after its answer to register, and
+    its close code (None: open)."""
+    frames: list[dict] = []
+    while not await comm.receive_nothing(timeout=0.5 if frames else 10):
+        out = await comm.receive_output()
+        if out["type"] == "websocket.close":
+            return out["code"], frames
+        frames.append(json.loads(out["text"]))
+    return None, frames
+
+
+async def test_two_connections_registering_at_once_keep_only_one(agent):
+    group = protocol.agent_group(agent.pk)
+    follow = {"type": protocol.LOGS_FOLLOW, "kernel_id": "k1", "stream_id": "s1", "tail": 0}
+    for attempt in range(20):
+        pair = [_connect(agent.plain_token), _connect(agent.plain_token)]
+        for comm in pair:
+            assert (await comm.connect())[0]
+        await asyncio.gather(*(c.send_json_to(_register_message()) for c in pair))
+        outcomes = [await _settled(comm) for comm in pair]
+        codes = [code for code, _ in outcomes]
+        assert sorted(codes, key=str) == [protocol.CLOSE_REPLACED, None], (attempt, outcomes)
+        survivor = pair[codes.index(None)]
+        _, closed_frames = outcomes[codes.index(protocol.CLOSE_REPLACED)]
+        assert any(
+            f["type"] == protocol.ERROR and "newer connection" in f["message"]
+            for f in closed_frames
+        ), closed_frames
+        # The survivor is the agent's one connection: it is heard, and commands reach it.
+        await _stays_up(survivor, agent.pk)
+        await get_channel_layer().group_send(group, protocol.gw_agent_command(follow))
+        assert (await _frame_of(survivor, protocol.LOGS_FOLLOW))["stream_id"] == "s1"
+        assert (await _agent_row(agent.pk)).status == AgentStatus.ALIVE
+        await survivor.disconnect()

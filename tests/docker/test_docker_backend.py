@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import stat
 import time
 import uuid
@@ -544,3 +545,34 @@ async def test_docker_inspect_shows_no_part_of_the_sessions_private_key(
             docker_client, cid, "cat ~/.ssh/id_session; stat -c %a ~/.ssh/id_session"
         )
         assert out == ssh["private_key"].rstrip("\n") + "\n600\n"
+
+
+async def test_a_data_folder_is_mounted_nosuid_and_nodev_and_a_setuid_file_does_not_elevate(
+    docker_client, test_image, config
+):
+    if os.geteuid() != 0:
+        pytest.skip("making the data root nosuid needs root (as the agent runs on a node)")
+    folder = config.data_root / "u1" / "data"
+    folder.mkdir(parents=True)
+    # A set-user-ID root program in the folder, as a kernel of another user cannot make it.
+    shutil.copy("/bin/busybox", folder / "busybox")
+    os.chown(folder / "busybox", 0, 0)
+    os.chmod(folder / "busybox", 0o4755)
+    async with running_backend(docker_client, config) as backend:
+        try:
+            spec = cluster_spec(
+                test_image, hosts=("main1",), mounts=[{"name": "data", "host_path": str(folder)}]
+            )
+            ids = await run_cluster(backend, spec)
+            code, out = exec_out(
+                docker_client, ids["main1"], "grep ' /home/work/data ' /proc/mounts"
+            )
+            assert code == 0, out
+            options = out.split()[3].split(",")
+            assert "nosuid" in options and "nodev" in options, out
+            code, out = exec_out(docker_client, ids["main1"], "~/data/busybox id -u")
+            assert (code, out.strip()) == (0, "1000"), out
+        finally:
+            _cleanup(docker_client, config.agent_key)
+    # The agent's own mount of the data root ends with it.
+    assert not os.statvfs(config.data_root).f_flag & os.ST_NOSUID

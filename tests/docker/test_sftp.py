@@ -360,3 +360,71 @@ def test_openssh_sftp_and_scp_reach_only_the_chosen_folders_with_the_right_keys(
     wait_for(
         lambda: not _containers(docker_engine, session_id), timeout=30, what="container removed"
     )
+
+
+def test_sftp_refuses_set_id_bits_and_names_with_path_tricks(
+    sftp_ready, images, live_system, agent, api, alice, tmp_path
+):
+    ResourcePolicy.objects.filter(is_default=True).update(max_folder_bytes=2**20)
+    live_system.start_agent(agent)
+    work = tmp_path / "client"
+    work.mkdir()
+    assert api(alice).post("/api/v1/folders/", {"name": "data"}, format="json").status_code == 201
+    data = DataFolder.objects.get(owner=alice, name="data")
+    created = _start_sftp(api, alice, [data.pk])
+    session_id = created["id"]
+    try:
+        _wait_status(session_id, Status.RUNNING, timeout=90)
+    except AssertionError:
+        print(live_system.agent_log(agent.pk)[-4000:])
+        raise
+    port = wait_for(
+        lambda: api(alice).get(f"/api/v1/sessions/{session_id}/sftp/").json()["port"],
+        timeout=20,
+        what="the published port",
+    )
+    key = work / "session.key"
+    key.write_bytes(api(alice).get(f"/api/v1/sessions/{session_id}/sftp/key/").content)
+    key.chmod(0o600)
+    (work / "tool").write_text("#!/bin/sh\nid\n")
+    (work / "tool").chmod(0o755)
+    assert _sftp(port, key, "put tool /data/tool\nmkdir /data/dir", work).returncode == 0
+
+    # chmod with a set-user-ID or set-group-ID bit on a file: refused, the mode unchanged.
+    for mode in ("4777", "2755", "6755", "4700"):
+        refused = _sftp(port, key, f"chmod {mode} /data/tool", work)
+        assert refused.returncode != 0, (mode, refused.stdout)
+        assert "Permission denied" in refused.stdout + refused.stderr, refused
+        assert (data.host_path / "tool").stat().st_mode & 0o7777 == 0o755, mode
+    assert _sftp(port, key, "chmod 4777 /data/dir", work).returncode != 0
+    # Plain modes, and set-group-ID on a directory (it only passes its group on), still work.
+    assert _sftp(port, key, "chmod 700 /data/tool\nchmod 2770 /data/dir", work).returncode == 0
+    assert (data.host_path / "tool").stat().st_mode & 0o7777 == 0o700
+    assert (data.host_path / "dir").stat().st_mode & 0o7777 == 0o2770
+
+    # A name with a path trick is refused however it would be made: upload, mkdir, rename.
+    for command in (
+        "put tool '/data/..\\\\..\\\\Windows\\\\evil.txt'",
+        "put tool '/data/C:evil.txt'",
+        "mkdir '/data/a\\\\b'",
+        "rename /data/tool '/data/x\\\\y'",
+    ):
+        tried = _sftp(port, key, command, work)
+        assert tried.returncode != 0, (command, tried.stdout, tried.stderr)
+    assert sorted(os.listdir(data.host_path)) == ["dir", "tool"]
+    # A colon inside a name is an ordinary Linux name.
+    assert _sftp(port, key, "put tool /data/12:30.log", work).returncode == 0
+
+    # A kernel writes past the quota while the SFTP session runs: every write is refused
+    # until the folder is under it again.
+    (data.host_path / "big.bin").write_bytes(b"k" * 5_000_003)
+    over = _sftp(port, key, "put tool /data/after.txt", work)
+    assert over.returncode != 0 and not (data.host_path / "after.txt").exists(), over.stdout
+    logs = _sftp_logs(sftp_ready, session_id)
+    assert "over your 1.0 MiB quota" in logs and "delete files first" in logs, logs[-2000:]
+    assert _sftp(port, key, "rm /data/big.bin\nput tool /data/after.txt", work).returncode == 0
+
+
+def _sftp_logs(docker_engine, session_id: str) -> str:
+    container = docker_engine.containers.get(_containers(docker_engine, session_id)["main1"])
+    return container.logs().decode()

@@ -311,6 +311,53 @@ def test_a_nul_in_the_path_is_refused(as_alice, folder):
     error(as_alice.get(url(folder, "files/"), {"path": "a\x00b"}), 400, "NUL")
 
 
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("..\\..\\..\\Windows\\evil.txt", "backslash"),
+        ("dir\\x", "backslash"),
+        ("line\nbreak", "control characters"),
+        ("tab\there", "control characters"),
+        ("esc\x1b[31m", "control characters"),
+        ("C:evil.txt", "drive"),
+        ("c:", "drive"),
+    ],
+)
+def test_a_name_with_a_path_trick_is_refused_at_every_entry_and_changes_nothing(
+    as_alice, folder, name, words
+):
+    (folder.host_path / "a").write_bytes(b"a")
+    for response in (
+        upload(as_alice, folder, name, b"x"),
+        upload(as_alice, folder, f"sub/{name}", b"x"),
+        as_alice.post(url(folder, "files/mkdir/"), {"path": name}, format="json"),
+        as_alice.post(url(folder, "files/rename/"), {"path": "a", "new_path": name}, format="json"),
+    ):
+        error(response, 400, words)
+    assert os.listdir(folder.host_path) == ["a"]
+
+
+def test_a_colon_inside_a_name_is_still_allowed(as_alice, folder):
+    assert upload(as_alice, folder, "12:30.log", b"x").status_code == 201
+
+
+def test_a_name_a_kernel_wrote_is_zipped_under_a_safe_member_name_and_can_be_removed(
+    as_alice, folder
+):
+    # A kernel writes whatever Linux allows; the zip must still unpack inside its target.
+    (folder.host_path / "..\\..\\Windows").mkdir()
+    (folder.host_path / "..\\..\\Windows" / "C:evil\x07.txt").write_bytes(b"evil")
+    with zipfile.ZipFile(io.BytesIO(body_of(as_alice.get(url(folder, "archive/"))))) as z:
+        names = z.namelist()
+    assert names == [".._.._Windows/", ".._.._Windows/C_evil_.txt"]
+    for name in names:
+        assert "\\" not in name and ":" not in name
+        assert ".." not in name.split("/")
+    response = as_alice.delete(url(folder, "files/") + "?path=..%5C..%5CWindows")
+    assert response.status_code == 204, response.content
+    assert os.listdir(folder.host_path) == []
+
+
 # --- the byte quota ----------------------------------------------------------------------------
 
 
@@ -330,6 +377,49 @@ def test_an_upload_past_the_byte_quota_is_refused_with_the_figures(as_alice, fol
     assert sorted(os.listdir(folder.host_path)) == ["old.bin"]
     # Replacing a file counts only the difference.
     assert upload(as_alice, folder, "old.bin", b"r" * (950 * 1024)).status_code == 201
+
+
+def test_a_folder_a_kernel_wrote_past_the_quota_is_measured_shown_and_refuses_uploads(
+    as_alice, alice, folder, image, group, monkeypatch
+):
+    from scheduler_app import sweeps
+
+    policy(max_folder_bytes=1 * MiB)
+    session = Session.objects.create(owner=alice, name="writer", image=image, resource_group=group)
+    session.mounts.add(folder)
+    assert upload(as_alice, folder, "small.txt", b"x").status_code == 201
+    assert DataFolder.objects.get(pk=folder.pk).measured_bytes == 1  # measured after the upload
+    # A kernel writes 5,000,003 bytes: nothing stops it, the sweep sees it after the fact.
+    (folder.host_path / "big.bin").write_bytes(b"k" * 5_000_003)
+    # A folder whose walk fails does not stop the sweep for the others.
+    broken = services.folder_create(owner=alice, name="broken")
+    session.mounts.add(broken)
+    real_usage = sweeps.session_services.selectors.folder_usage
+
+    def usage(*, folder, seconds=2.0):
+        if folder.pk == broken.pk:
+            raise OSError("the storage of this folder is gone")
+        return real_usage(folder=folder, seconds=seconds)
+
+    monkeypatch.setattr(sweeps.session_services.selectors, "folder_usage", usage)
+    done = sweeps.sweep_folder_usage()
+    assert done["failed"] == [broken.pk] and folder.pk in done["measured"]
+    monkeypatch.undo()
+    assert DataFolder.objects.get(pk=folder.pk).measured_bytes == 5_000_004
+
+    listed = {f["name"]: f for f in as_alice.get("/api/v1/folders/").json()}
+    assert listed["data"]["over_quota"] is True
+    assert listed["data"]["measured_bytes"] == 5_000_004 and listed["data"]["measured_at"]
+    refused = upload(as_alice, folder, "more.txt", b"y")
+    message = error(refused, 413, "over your 1.0 MiB quota", "delete files first")
+    assert "4.8 MiB" in message, message
+    assert not (folder.host_path / "more.txt").exists()
+
+    # Under the quota again (the user deleted the big file): uploads pass, the badge goes.
+    assert as_alice.delete(url(folder, "files/") + "?path=big.bin").status_code == 204
+    sweeps.sweep_folder_usage()
+    assert as_alice.get(url(folder)).json()["over_quota"] is False
+    assert upload(as_alice, folder, "more.txt", b"y").status_code == 201
 
 
 def test_an_upload_without_a_length_is_stopped_once_it_passes_the_quota(alice, folder):

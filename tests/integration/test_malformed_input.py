@@ -72,6 +72,41 @@ def test_a_nul_in_the_export_format_or_the_template_list_is_refused(as_alice, te
         refused(as_alice.get(url), words="NUL")
 
 
+def test_a_nul_in_any_query_parameter_is_refused_at_the_edge(as_alice, group):
+    body = refused(
+        as_alice.get("/api/v1/presets/?resource_group=a%00b"), words="must not contain a NUL"
+    )
+    assert body["extra"]["fields"] == {"resource_group": ["must not contain a NUL character"]}
+    refused(as_alice.get("/api/v1/folders/?x%00=1"), words="x\\x00")
+
+
+def test_a_nul_in_a_page_query_is_refused_too(client, alice):
+    client.force_login(alice)
+    response = client.get("/sessions/?q=%00")
+    assert response.status_code == 400
+    assert b"must not contain a NUL character" in response.content
+
+
+@pytest.mark.parametrize("path", [SESSIONS, f"{SESSIONS}{{session}}/execute/"])
+@pytest.mark.parametrize(
+    "body, content_type",
+    [
+        ("image=local/process", "application/x-www-form-urlencoded"),
+        (
+            "--b\r\nContent-Disposition: form-data; name=image\r\n\r\nx\r\n--b--\r\n",
+            "multipart/form-data; boundary=b",
+        ),
+    ],
+)
+def test_the_api_takes_json_only_and_says_so(
+    as_alice, alice, image, group, agent, path, body, content_type
+):
+    session = Session.objects.create(owner=alice, name="p", image=image, resource_group=group)
+    response = as_alice.post(path.format(session=session.pk), body, content_type=content_type)
+    refused(response, 415, words="The API takes JSON")
+    assert Session.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     "query, field",
     [

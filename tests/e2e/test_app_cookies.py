@@ -4,9 +4,9 @@ parent above it: cookies ignore ports) reaches neither another app nor the manag
 other app still opens for its owner; the app's own host-only cookie is kept.
 
 The apps origin here is ``apps.bai.localhost``, so the manager's host would be
-``bai.localhost``: Chromium refuses ``Domain=localhost`` itself (a bare top-level name),
-but takes ``Domain=bai.localhost`` from ``*.apps.bai.localhost``, as it would
-``Domain=example.org`` from ``*.apps.example.org``.
+``bai.localhost``: Chromium refuses ``Domain=localhost`` itself (a bare top-level name;
+the app tries it too), but takes ``Domain=bai.localhost`` from ``*.apps.bai.localhost``,
+as it would ``Domain=example.org`` from ``*.apps.example.org``.
 
 Persona: ``alice`` with one running session serving two apps (ports 8080 and 8081).
 Screenshots go to test-artifacts/e2e/<test>/<step>.png.
@@ -47,6 +47,7 @@ class H(http.server.BaseHTTPRequestHandler):
                          "tossed_manager=1; Domain=" + manager + "; Path=/",
                          "sessionid=planted; Domain=" + manager + "; Path=/",
                          "csrftoken=planted; Domain=" + manager + "; Path=/",
+                         "sessionid=planted; Domain=localhost; Path=/",
                          "bai_app=tossed; Domain=" + parent + "; Path=/",
                          "bai_app_" + sibling + "=tossed; Domain=" + parent + "; Path=/",
                          "own_host_only=1; Path=/"):
@@ -119,6 +120,7 @@ def test_an_app_cannot_toss_cookies_onto_another_app_or_the_manager(
     for url in (
         f"http://{MANAGER_HOST}:{live_server_url.rsplit(':', 1)[1]}/",
         f"http://{MANAGER_HOST}/",
+        f"http://localhost:{live_server_url.rsplit(':', 1)[1]}/",
         f"http://{APPS_PARENT}:{apps_port}/",
     ):
         names = {c["name"]: c["value"] for c in page.context.cookies(url)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from http.cookiejar import parse_ns_headers
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -69,24 +68,36 @@ def own_cookie_domain(scope: dict[str, Any]) -> str | None:
     return name if access.parse_host(name) is not None else None
 
 
+def set_cookie_parts(set_cookie: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(name, [(attribute name in lower case, value)]) of a ``Set-Cookie``, read the way
+    browsers read it (RFC 6265, 5.2: split at every ``;``, then each part at its first
+    ``=``, blanks trimmed); None when it names no cookie.
+
+    Not ``http.cookies``: it parses what a browser sends (``Cookie``), keeps a quoted
+    value across a ``;`` (``a="x;Domain=localhost"``, where a browser sees a ``Domain``)
+    and makes each unknown ``key=value`` attribute a cookie of its own."""
+    pair, *attributes = set_cookie.split(";")
+    name, sep, _ = pair.partition("=")
+    if not sep or not name.strip():
+        return None
+    parts = [attribute.partition("=") for attribute in attributes]
+    return name.strip(), [(key.strip().lower(), value.strip()) for key, _, value in parts]
+
+
 def cookie_may_pass(set_cookie: bytes, own_domain: str | None) -> bool:
     """Whether an app's ``Set-Cookie`` reaches the browser: only a cookie of the app's own
     host. One with a wider ``Domain`` (the apps parent reaches every user's apps; the
-    manager's host is a parent too, since cookies ignore ports) is dropped, and so is
-    one the browser would read differently, one without a name, and one named like the
-    proxy's own cookies.
-
-    Split the way browsers split it (RFC 6265 5.2: on ``;``, then at the first ``=``), by
-    the standard library's Netscape-cookie parser: ``http.cookies`` reads a quoted value
-    across a ``;`` (``a="x;Domain=localhost"``), where a browser sees a ``Domain``."""
-    parsed = parse_ns_headers([set_cookie.decode("latin-1")])
-    if len(parsed) != 1 or access.is_access_cookie(parsed[0][0][0]):
+    manager's host is a parent too, since cookies ignore ports) is dropped, and so is one
+    without a name and one named like the proxy's own cookies. Every ``Domain`` counts,
+    not only the last (which a browser takes)."""
+    parsed = set_cookie_parts(set_cookie.decode("latin-1"))
+    if parsed is None or access.is_access_cookie(parsed[0]):
         return False
-    for key, value in parsed[0][1:]:
-        if key == "domain":
-            domain = (value or "").strip().removeprefix(".").lower()
-            if own_domain is None or domain != own_domain:
-                return False
+    for key, value in parsed[1]:
+        if key == "domain" and (
+            own_domain is None or value.removeprefix(".").lower() != own_domain
+        ):
+            return False
     return True
 
 
@@ -298,7 +309,7 @@ async def forward_websocket(
         for event in proto.events_received():
             if isinstance(event, Response):
                 response = event
-            elif response is not None:
+            elif response is not None and isinstance(event, Frame):
                 early.append(event)
     if response.status_code != 101 or proto.handshake_exc is not None:
         await send({"type": "websocket.close", "code": 1011})
@@ -351,7 +362,7 @@ async def forward_websocket(
             if data is None:
                 return
             proto.receive_data(data)
-            frames = proto.events_received()
+            frames = [event for event in proto.events_received() if isinstance(event, Frame)]
 
     await _pump_both(send, to_app(), to_browser())
 

@@ -24,7 +24,9 @@ What the proxy relies on, and where uvicorn gives it:
   time a head takes, so a caller that connects and then sends nothing, or a head a byte
   at a time, would hold its connection for ever. ``BoundedHttpToolsProtocol`` gives a
   head ``HEAD_TIMEOUT_S`` from the connection (or from the next request's first byte) to
-  its end, then answers 408 and closes the connection.
+  its end, then closes the connection: with a 408 when part of a head came, quietly when
+  nothing did (as any idle connection; a 408 there could pass for the answer to a request
+  the client sends at that moment).
 - **A caller that leaves**: uvicorn's ``send`` to a gone caller returns without a word, so
   the proxy watches ``receive()`` for ``http.disconnect`` while it relays an answer
   (``forward.py``) and then closes that tunnel.
@@ -66,6 +68,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _head_bytes = 0
     _too_large = ""
     _head_clock: asyncio.TimerHandle | None = None
+    _head_begun = False  # part of a head came, not its end
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -79,10 +82,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = 0
         self._too_large = ""
+        self._head_begun = True
         if self._head_clock is None:  # a kept-alive connection's next request
             self._start_head_clock()
 
     def on_headers_complete(self) -> None:
+        self._head_begun = False
         self._stop_head_clock()
         super().on_headers_complete()
 
@@ -98,9 +103,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_clock = None
         if self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete:  # no answer is being written
+        if self._head_begun and (self.cycle is None or self.cycle.response_complete):
             self._refuse_and_close(408, f"its head took over {HEAD_TIMEOUT_S:g} s")
-        else:
+        else:  # nothing sent yet (an idle connection), or an answer is being written
             self.transport.close()
 
     def _refuse_and_close(self, status: int, why: str) -> None:

@@ -96,24 +96,26 @@ def test_a_request_with_two_host_headers_is_refused_with_400_and_a_reason(live_s
 
 
 def test_a_request_head_that_never_ends_is_answered_408_and_closed_in_time(live_system):
-    """A slowloris caller (a byte of its head now and then, never its end) and one that
-    connects and says nothing are both closed once a head has had ``HEAD_TIMEOUT_S``."""
+    """A slowloris caller (a byte of its head now and then, never its end) is answered 408,
+    also on a kept-alive connection after a first request, and one that connects and says
+    nothing is closed; each once its head had ``HEAD_TIMEOUT_S``."""
     port = live_system.start_apps().apps_port
     started = time.monotonic()
-    silent = socket.create_connection(("127.0.0.1", port), timeout=5)
-    slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+    silent, slow, kept = (socket.create_connection(("127.0.0.1", port), timeout=5) for _ in "abc")
+    kept.sendall(b"GET / HTTP/1.1\r\nHost: apps.localhost\r\n\r\n")
     head = b"GET / HTTP/1.1\r\nHost: apps.localhost\r\nX-Pad: " + b"a" * 200
-    answers = {silent: b"", slow: b""}
+    answers = {silent: b"", slow: b"", kept: b""}
     closed_after: dict[socket.socket, float] = {}
     sent = 0
-    with silent, slow:
-        for sock in (silent, slow):
+    with silent, slow, kept:
+        for sock in answers:
             sock.setblocking(False)
-        while len(closed_after) < 2 and time.monotonic() - started < serve.HEAD_TIMEOUT_S + 10:
-            if slow not in closed_after and sent < len(head):
-                with contextlib.suppress(OSError):
-                    slow.send(head[sent : sent + 1])
-                    sent += 1
+        while len(closed_after) < 3 and time.monotonic() - started < serve.HEAD_TIMEOUT_S + 10:
+            if sent < len(head):  # a byte of the same head on both, every half second
+                for sock in (slow, kept):
+                    with contextlib.suppress(OSError):
+                        sock.send(head[sent : sent + 1])
+                sent += 1
             for sock in set(answers) - set(closed_after):
                 try:
                     chunk = sock.recv(65536)
@@ -126,8 +128,11 @@ def test_a_request_head_that_never_ends_is_answered_408_and_closed_in_time(live_
                 else:
                     closed_after[sock] = time.monotonic() - started
             time.sleep(0.5)
-    assert set(closed_after) == {silent, slow}, "a connection stayed open"
-    for sock, answer in answers.items():
-        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
-        assert answer.endswith(b"Request refused: its head took over 20 s."), answer[-80:]
+    assert set(closed_after) == set(answers), "a connection stayed open"
+    for sock in answers:
         assert serve.HEAD_TIMEOUT_S - 1 < closed_after[sock] < serve.HEAD_TIMEOUT_S + 5
+    assert answers[silent] == b""  # an idle connection is closed as such, with no answer
+    assert answers[kept].startswith(b"HTTP/1.1 404 "), answers[kept][:200]
+    for sock in (slow, kept):
+        refused = answers[sock][answers[sock].index(b"HTTP/1.1 408 ") :]
+        assert refused.endswith(b"Request refused: its head took over 20 s."), refused

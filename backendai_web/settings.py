@@ -409,6 +409,12 @@ if BAI_METRICS_TOKEN and len(BAI_METRICS_TOKEN) < 16:
     raise ImproperlyConfigured("BAI_METRICS_TOKEN must be at least 16 characters")
 
 if PRODUCTION:
+    # "__Host-": the browser takes these cookies only from this very host, over HTTPS,
+    # host-only (Path=/, no Domain), so no other host (an app on the apps origin, whose
+    # parent domain may be this one) can set or shadow them. The pages' scripts read the
+    # CSRF token from the page (base.html), not from the cookie.
+    SESSION_COOKIE_NAME = "__Host-sessionid"
+    CSRF_COOKIE_NAME = "__Host-csrftoken"
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

@@ -19,7 +19,7 @@ from sessions_app.errors import NotFound
 from sessions_app.models import Status
 from sessions_app.service_ports import App
 
-COOKIE = "bai_app"
+COOKIE = "bai_app"  # the start of every app's access cookie's name (``cookie_name``)
 TARGET_TTL = 2.0  # seconds a resolved target is reused (an ended session shows within it)
 
 
@@ -60,11 +60,34 @@ def trade_link(token: str, session_id: str, app: str) -> int | None:
     return int(data["u"])
 
 
+def cookie_name(session_id: str, app: str, *, secure: bool) -> str:
+    """The name of one app's access cookie: its own (``bai_app_<host label>``), so a cookie
+    another app tossed onto a shared parent domain never shadows it, and ``__Host-``
+    over HTTPS, where the browser then refuses it from any other host."""
+    label = services.app_host_label(session_id=session_id, app=app)
+    return f"{'__Host-' if secure else ''}{COOKIE}_{label}"
+
+
+def is_access_cookie(name: str) -> bool:
+    """Whether ``name`` is one of the proxy's own cookies (never an app's to read or set)."""
+    return name.removeprefix("__Host-").startswith(COOKIE)
+
+
 def make_cookie(user_id: int, session_id: str, app: str) -> str:
     return signing.dumps({"u": user_id, "s": session_id, "a": app}, salt=services.APP_COOKIE_SALT)
 
 
-def read_cookie(value: str, session_id: str, app: str) -> int | None:
+def read_cookie(values: list[str], session_id: str, app: str) -> int | None:
+    """The user id of the first valid access cookie among ``values`` (all the values the
+    browser sent under this app's cookie name), else None."""
+    for value in values:
+        user_id = _read_one(value, session_id, app)
+        if user_id is not None:
+            return user_id
+    return None
+
+
+def _read_one(value: str, session_id: str, app: str) -> int | None:
     try:
         data = signing.loads(
             value, salt=services.APP_COOKIE_SALT, max_age=settings.BAI_APP_COOKIE_TTL

@@ -21,7 +21,6 @@ from __future__ import annotations
 import html
 import logging
 import time
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -74,18 +73,25 @@ def _header(scope: dict[str, Any], name: bytes) -> str:
     return ""
 
 
-def _cookie(scope: dict[str, Any]) -> str:
-    jar = SimpleCookie()
-    try:
-        jar.load(_header(scope, b"cookie"))
-    except Exception:
-        return ""
-    morsel = jar.get(access.COOKIE)
-    return morsel.value if morsel else ""
+def _cookie_values(scope: dict[str, Any], name: str) -> list[str]:
+    """Every value the browser sent under ``name``: a cookie of the same name set on a
+    parent domain comes along with the app's own, and must not hide it."""
+    values = []
+    for key, value in scope["headers"]:
+        if key.lower() == b"cookie":
+            for pair in value.decode("latin-1").split(";"):
+                found, sep, data = pair.strip().partition("=")
+                if sep and found == name:
+                    values.append(data)
+    return values
+
+
+def _secure(scope: dict[str, Any]) -> bool:
+    return scope.get("scheme") in ("https", "wss")
 
 
 def _own_origin(scope: dict[str, Any]) -> str:
-    scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+    scheme = "https" if _secure(scope) else "http"
     return f"{scheme}://{_header(scope, b'host')}"
 
 
@@ -99,6 +105,13 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
             elif event["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    if sum(1 for key, _ in scope["headers"] if key.lower() == b"host") > 1:
+        # Which app is meant? Every part reads the host, and h11 refuses to carry such a
+        # request on: answered as HTTP/1.1 says (RFC 9112, 3.2), before anything reads it.
+        if kind == "websocket":
+            await receive()  # websocket.connect
+        await _refuse(scope, send, 400, "Bad request", "The request has more than one Host header.")
+        return
     path = scope["path"]
     if kind == "websocket" and path.startswith("/tunnel/"):
         await tunnels.serve_agent_end(scope, receive, send)
@@ -146,7 +159,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"] == "/_bai/open":
         await _trade_link(scope, send, session_id, app)
         return
-    user_id = access.read_cookie(_cookie(scope), session_id, app)
+    name = access.cookie_name(session_id, app, secure=_secure(scope))
+    user_id = access.read_cookie(_cookie_values(scope, name), session_id, app)
     target = None
     if user_id is not None:
         target = await sync_to_async(access.cached_resolve)(user_id, session_id, app)
@@ -220,11 +234,13 @@ async def _trade_link(scope: dict[str, Any], send: Any, session_id: str, app: st
             "open the app again from its session's page.",
         )
         return
-    secure = "; Secure" if scope.get("scheme") == "https" else ""
-    # No Domain attribute: host-only, so no other app (and not the manager) receives it.
+    secure = _secure(scope)
+    # No Domain attribute: host-only, so no other app (and not the manager) receives it;
+    # named after this app, so no other app's cookie shadows it (``access.cookie_name``).
     cookie = (
-        f"{access.COOKIE}={access.make_cookie(user_id, session_id, app)}; Path=/; HttpOnly; "
-        f"SameSite=Lax; Max-Age={settings.BAI_APP_COOKIE_TTL}{secure}"
+        f"{access.cookie_name(session_id, app, secure=secure)}="
+        f"{access.make_cookie(user_id, session_id, app)}; Path=/; HttpOnly; "
+        f"SameSite=Lax; Max-Age={settings.BAI_APP_COOKIE_TTL}{'; Secure' if secure else ''}"
     )
     await send(
         {

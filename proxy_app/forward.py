@@ -10,12 +10,12 @@ from typing import Any
 
 import h11
 from websockets.client import ClientProtocol
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-from . import tunnels
-from .access import COOKIE, Target
+from . import access, tunnels
+from .access import Target
 from .tunnels import Tunnel
 
 HOP_BY_HOP = {
@@ -32,9 +32,9 @@ HOP_BY_HOP = {
     b"sec-websocket-extensions",
     b"sec-websocket-protocol",
 }
-# Never passed to an app: the apps origin's own cookie, and the manager's (should a
-# browser ever send them here).
-PRIVATE_COOKIES = {COOKIE, "sessionid", "csrftoken"}
+# Never passed to an app: the manager's cookies (should a browser ever send them here);
+# nor the apps origin's own (``access.is_access_cookie``).
+PRIVATE_COOKIES = {"sessionid", "csrftoken", "__Host-sessionid", "__Host-csrftoken"}
 
 
 class UpstreamError(Exception):
@@ -51,8 +51,54 @@ def _cookie_header(value: bytes) -> bytes | None:
         jar.load(value.decode("latin-1"))
     except Exception:
         return None
-    kept = [f"{k}={m.coded_value}" for k, m in jar.items() if k not in PRIVATE_COOKIES]
+    kept = [
+        f"{k}={m.coded_value}"
+        for k, m in jar.items()
+        if k not in PRIVATE_COOKIES and not access.is_access_cookie(k)
+    ]
     return "; ".join(kept).encode("latin-1") if kept else None
+
+
+def own_cookie_domain(scope: dict[str, Any]) -> str | None:
+    """The one ``Domain`` an answer to this request may give its cookies: the app's own
+    host name. None on any other host of the proxy (the inference router's bare apps
+    host, whose subdomains are every user's apps): its answers' cookies stay host-only."""
+    host = next((v for k, v in scope["headers"] if k.lower() == b"host"), b"")
+    name = host.decode("latin-1").rsplit(":", 1)[0].lower()  # hosts are names, never IPv6
+    return name if access.parse_host(name) is not None else None
+
+
+def set_cookie_parts(set_cookie: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(name, [(attribute name in lower case, value)]) of a ``Set-Cookie``, read the way
+    browsers read it (RFC 6265, 5.2: split at every ``;``, then each part at its first
+    ``=``, blanks trimmed); None when it names no cookie.
+
+    Not ``http.cookies``: it parses what a browser sends (``Cookie``), keeps a quoted
+    value across a ``;`` (``a="x;Domain=localhost"``, where a browser sees a ``Domain``)
+    and makes each unknown ``key=value`` attribute a cookie of its own."""
+    pair, *attributes = set_cookie.split(";")
+    name, sep, _ = pair.partition("=")
+    if not sep or not name.strip():
+        return None
+    parts = [attribute.partition("=") for attribute in attributes]
+    return name.strip(), [(key.strip().lower(), value.strip()) for key, _, value in parts]
+
+
+def cookie_may_pass(set_cookie: bytes, own_domain: str | None) -> bool:
+    """Whether an app's ``Set-Cookie`` reaches the browser: only a cookie of the app's own
+    host. One with a wider ``Domain`` (the apps parent reaches every user's apps; the
+    manager's host is a parent too, since cookies ignore ports) is dropped, and so is one
+    without a name and one named like the proxy's own cookies. Every ``Domain`` counts,
+    not only the last (which a browser takes)."""
+    parsed = set_cookie_parts(set_cookie.decode("latin-1"))
+    if parsed is None or access.is_access_cookie(parsed[0]):
+        return False
+    for key, value in parsed[1]:
+        if key == "domain" and (
+            own_domain is None or value.removeprefix(".").lower() != own_domain
+        ):
+            return False
+    return True
 
 
 def upstream_headers(scope: dict[str, Any], target: Target) -> list[tuple[bytes, bytes]]:
@@ -118,7 +164,7 @@ async def forward_http(
         body, more = event.get("body", b""), event.get("more_body", False)
         out = b""
     await tunnel.write(out + conn.send(h11.EndOfMessage()))
-    await _relay_while_caller_stays(conn, send, tunnel, receive)
+    await _relay_while_caller_stays(conn, send, tunnel, receive, own_cookie_domain(scope))
     return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not conn.trailing_data[0]
 
 
@@ -149,7 +195,7 @@ async def exchange(
 
 
 async def _relay_while_caller_stays(
-    conn: h11.Connection, send: Any, tunnel: Tunnel, receive: Any
+    conn: h11.Connection, send: Any, tunnel: Tunnel, receive: Any, own_domain: str | None
 ) -> None:
     """``_relay_response``, given up with ``CallerGone`` as soon as the caller leaves.
 
@@ -169,7 +215,7 @@ async def _relay_while_caller_stays(
     watch = asyncio.ensure_future(receive())
     watch.add_done_callback(on_event)
     try:
-        await _relay_response(conn, send, tunnel)
+        await _relay_response(conn, send, tunnel, own_domain)
     except asyncio.CancelledError:
         if watch.done() and relaying.uncancel() == 0:
             raise CallerGone("the caller went away") from None
@@ -179,7 +225,9 @@ async def _relay_while_caller_stays(
         watch.cancel()
 
 
-async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> None:
+async def _relay_response(
+    conn: h11.Connection, send: Any, tunnel: Tunnel, own_domain: str | None
+) -> None:
     started = False
     ahead: Any = None  # an event already taken from ``conn`` (see h11.Data below)
     while True:
@@ -199,7 +247,12 @@ async def _relay_response(conn: h11.Connection, send: Any, tunnel: Tunnel) -> No
         if isinstance(event, h11.InformationalResponse):
             continue
         if isinstance(event, h11.Response):
-            kept = [(n, v) for n, v in event.headers if n.lower() not in HOP_BY_HOP]
+            kept = [
+                (n, v)
+                for n, v in event.headers
+                if n.lower() not in HOP_BY_HOP
+                and (n.lower() != b"set-cookie" or cookie_may_pass(v, own_domain))
+            ]
             await send(
                 {"type": "http.response.start", "status": event.status_code, "headers": kept}
             )
@@ -244,6 +297,9 @@ async def forward_websocket(
     proto.send_request(request)
     await tunnel.write(b"".join(proto.data_to_send()))
     response: Response | None = None
+    # Frames read together with the 101 answer: an app that sends as soon as it accepted
+    # has its first messages in the same read. They go to the browser first.
+    early: list[Frame] = []
     while response is None:
         data = await tunnel.read()
         if data is None:
@@ -253,6 +309,8 @@ async def forward_websocket(
         for event in proto.events_received():
             if isinstance(event, Response):
                 response = event
+            elif response is not None and isinstance(event, Frame):
+                early.append(event)
     if response.status_code != 101 or proto.handshake_exc is not None:
         await send({"type": "websocket.close", "code": 1011})
         return
@@ -279,12 +337,9 @@ async def forward_websocket(
     async def to_browser() -> None:
         parts: list[bytes] = []
         kind = Opcode.TEXT
+        frames = early
         while True:
-            data = await tunnel.read()
-            if data is None:
-                return
-            proto.receive_data(data)
-            for frame in proto.events_received():
+            for frame in frames:
                 if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
                     kind, parts = frame.opcode, [frame.data]
                 elif frame.opcode == Opcode.CONT:
@@ -303,6 +358,11 @@ async def forward_websocket(
             pending = proto.data_to_send()
             if pending:
                 await tunnel.write(b"".join(pending))
+            data = await tunnel.read()
+            if data is None:
+                return
+            proto.receive_data(data)
+            frames = [event for event in proto.events_received() if isinstance(event, Frame)]
 
     await _pump_both(send, to_app(), to_browser())
 

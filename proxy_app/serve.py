@@ -19,6 +19,14 @@ What the proxy relies on, and where uvicorn gives it:
   so ``BoundedHttpToolsProtocol`` answers 431 to a request whose target passes
   ``TARGET_LIMIT``, whose head passes ``HEAD_LIMIT`` or which has more than ``MAX_HEADERS``
   headers, before any of it reaches the application.
+- **A request head arrives in time**: uvicorn bounds idle time between requests
+  (``timeout_keep_alive``, disarmed by the first byte of the next request) but not the
+  time a head takes, so a caller that connects and then sends nothing, or a head a byte
+  at a time, would hold its connection for ever. ``BoundedHttpToolsProtocol`` gives a
+  head ``HEAD_TIMEOUT_S`` from the connection (or from the next request's first byte) to
+  its end, then closes the connection: with a 408 when part of a head came, quietly when
+  nothing did (as any idle connection; a 408 there could pass for the answer to a request
+  the client sends at that moment).
 - **A caller that leaves**: uvicorn's ``send`` to a gone caller returns without a word, so
   the proxy watches ``receive()`` for ``http.disconnect`` while it relays an answer
   (``forward.py``) and then closes that tunnel.
@@ -32,6 +40,7 @@ One process: a tunnel lands in the process that asked for it (``tunnels.py``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 
@@ -44,6 +53,7 @@ TARGET_LIMIT = 64 * 1024  # a request target (path and query), as the manager's 
 HEAD_LIMIT = 80 * 1024  # the target and all header names and values together
 MAX_HEADERS = 500  # as Twisted's
 WS_MAX_MESSAGE = 1024 * 1024  # a websocket message, in or out of the proxy (daphne's default)
+HEAD_TIMEOUT_S = 20.0  # a request head must be whole this long after it began
 KEEP_ALIVE_S = 30  # an idle kept-alive connection of a caller is closed after this
 SHUTDOWN_GRACE_S = 5  # on SIGTERM, requests still running then are cancelled
 
@@ -57,11 +67,58 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     _head_bytes = 0
     _too_large = ""
+    _head_clock: asyncio.TimerHandle | None = None
+    _head_begun = False  # part of a head came, not its end
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_head_clock()  # the first head: nothing sent yet counts too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_clock()
+        super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
         self._too_large = ""
+        self._head_begun = True
+        if self._head_clock is None:  # a kept-alive connection's next request
+            self._start_head_clock()
+
+    def on_headers_complete(self) -> None:
+        self._head_begun = False
+        self._stop_head_clock()
+        super().on_headers_complete()
+
+    def _start_head_clock(self) -> None:
+        self._head_clock = self.loop.call_later(HEAD_TIMEOUT_S, self._head_too_slow)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_clock is not None:
+            self._head_clock.cancel()
+            self._head_clock = None
+
+    def _head_too_slow(self) -> None:
+        self._head_clock = None
+        if self.transport.is_closing():
+            return
+        if self._head_begun and (self.cycle is None or self.cycle.response_complete):
+            self._refuse_and_close(408, f"its head took over {HEAD_TIMEOUT_S:g} s")
+        else:  # nothing sent yet (an idle connection), or an answer is being written
+            self.transport.close()
+
+    def _refuse_and_close(self, status: int, why: str) -> None:
+        body = f"Request refused: {why}.".encode()
+        self.transport.write(
+            STATUS_LINE[status]
+            + b"content-type: text/plain; charset=utf-8\r\n"
+            + b"content-length: "
+            + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + body
+        )
+        self.transport.close()
 
     def _count(self, size: int) -> None:
         self._head_bytes += size
@@ -88,16 +145,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self._too_large:
             super().send_400_response(msg)
             return
-        body = f"Request refused: {self._too_large}.".encode()
-        self.transport.write(
-            STATUS_LINE[431]
-            + b"content-type: text/plain; charset=utf-8\r\n"
-            + b"content-length: "
-            + str(len(body)).encode()
-            + b"\r\nconnection: close\r\n\r\n"
-            + body
-        )
-        self.transport.close()
+        self._refuse_and_close(431, self._too_large)
 
 
 def config(host: str, port: int) -> uvicorn.Config:

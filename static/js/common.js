@@ -10,13 +10,11 @@ export function readJSON(id) {
   return node ? JSON.parse(node.textContent) : null;
 }
 
-function cookie(name) {
-  const hit = document.cookie.split("; ").find((c) => c.startsWith(name + "="));
-  return hit ? decodeURIComponent(hit.slice(name.length + 1)) : "";
-}
-
-/** The CSRF token that writes to the API send (X-CSRFToken). */
-export const csrfToken = () => cookie("csrftoken");
+/**
+ * The CSRF token that writes to the API send (X-CSRFToken), as the page was given it
+ * (base.html): the cookie's name differs under production settings ("__Host-csrftoken").
+ */
+export const csrfToken = () => document.querySelector('meta[name="csrf-token"]')?.content || "";
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -31,7 +29,7 @@ export class ApiError extends Error {
 export async function api(path, { method = "GET", body, signal } = {}) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  if (method !== "GET") headers["X-CSRFToken"] = cookie("csrftoken");
+  if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
   const response = await fetch(`/api/v1/${path}`, {
     method,
     headers,

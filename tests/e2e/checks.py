@@ -49,11 +49,13 @@ class OwnOriginGuard:
         self.foreign: list[str] = []
         self.apps_host: re.Pattern[str] | None = None
 
-    def allow_apps(self, port: int) -> None:
+    def allow_apps(self, origin: str) -> None:
         """Also allow the live apps proxy's per-app origins
-        (``<session hex>-<app>.apps.localhost:<port>``) and its bare host, where the
-        inference router serves ``/serve/<endpoint>/``; nothing else."""
-        self.apps_host = re.compile(rf"(?:[0-9a-f]{{32}}-[a-z][a-z0-9-]*\.)?apps\.localhost:{port}")
+        (``<session hex>-<app>.apps.localhost:<port>`` for ``origin``
+        ``http://apps.localhost:<port>``) and its bare host, where the inference router
+        serves ``/serve/<endpoint>/``; nothing else."""
+        netloc = re.escape(urlsplit(origin).netloc)
+        self.apps_host = re.compile(rf"(?:[0-9a-f]{{32}}-[a-z][a-z0-9-]*\.)?{netloc}")
 
     def is_foreign(self, url: str) -> bool:
         parts = urlsplit(url)

@@ -270,7 +270,7 @@ def apps_proxy(live_server_url, live_env, apps_port, own_origin_guard, tmp_path)
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    own_origin_guard.allow_apps(apps_port)
+    own_origin_guard.allow_apps(live_env["BAI_APPS_ORIGIN"])
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -283,7 +283,7 @@ def apps_proxy(live_server_url, live_env, apps_port, own_origin_guard, tmp_path)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        yield f"http://apps.localhost:{apps_port}"
+        yield live_env["BAI_APPS_ORIGIN"]
     finally:
         stop_process(proc)
         log.close()

@@ -38,8 +38,10 @@ HOST = b"apps.localhost:8001"
 class Replica:
     """A real HTTP server on 127.0.0.1: answers who it is, and can be slow, fail or stream."""
 
-    def __init__(self, name: str, *, status: int = 200, cors: bool = False) -> None:
-        self.name, self.status, self.cors = name, status, cors
+    def __init__(
+        self, name: str, *, status: int = 200, cors: bool = False, cookies: tuple[str, ...] = ()
+    ) -> None:
+        self.name, self.status, self.cors, self.cookies = name, status, cors, cookies
         self.hits: Counter[str] = Counter()
         self.gate = threading.Event()  # the SSE stream's second event waits for it
         self.release = threading.Event()  # /hold waits for it
@@ -60,6 +62,8 @@ class Replica:
                 if replica.cors:  # a model server that lets everyone in, with cookies
                     self.send_header("Access-Control-Allow-Origin", "*")
                     self.send_header("Access-Control-Allow-Credentials", "true")
+                for cookie in replica.cookies:
+                    self.send_header("Set-Cookie", cookie)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -339,6 +343,27 @@ async def test_a_public_endpoint_answers_from_its_replica_below_the_endpoint_pat
     assert answer["body"] == '{"instances": []}'
     assert answer["authorization"] is None, "the caller's token never reaches the replica"
     assert answer["prefix"] == "/serve/iris"
+
+
+async def test_a_replicas_cookies_stay_on_the_bare_apps_host(serving, replicas) -> None:
+    """The router's host is every app's parent: a replica's cookie for it, or for the
+    manager's host above, would reach every user's apps or the manager, and is dropped."""
+    a = replicas(
+        "a",
+        cookies=(
+            "kept=1; Path=/serve/iris/; HttpOnly",
+            "parent=1; Domain=apps.localhost; Path=/",
+            "manager=1; Domain=localhost",
+            "own=1; Domain=.apps.localhost",
+        ),
+    )
+    await serving.endpoint("iris", a.port)
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    status, _, _ = await call("GET", "/serve/iris/x", events=events)
+    assert status == 200
+    start = await events.get()
+    cookies = [v for k, v in start["headers"] if k == b"set-cookie"]
+    assert cookies == [b"kept=1; Path=/serve/iris/; HttpOnly"]
 
 
 async def test_unknown_endpoints_and_bare_names_are_answered_in_json(serving) -> None:

@@ -220,15 +220,22 @@ def _name_taken(name: str) -> Conflict:
     )
 
 
+def _lock(endpoint: Endpoint) -> Endpoint:
+    """The endpoint's row, locked until the transaction ends; 404 once it is deleted (a
+    request that found it may reach here after a concurrent delete committed)."""
+    locked = Endpoint.objects.select_for_update(of=("self",)).filter(pk=endpoint.pk).first()
+    if locked is None or locked.status == EndpointStatus.DESTROYING:
+        raise NotFound("The endpoint was deleted.")
+    return locked
+
+
 def endpoint_update(
     *, endpoint: Endpoint, user: AbstractBaseUser, data: dict[str, Any]
 ) -> Endpoint:
     """Change the replica bounds and count, public access, health checks, or the
     rules (a given ``rules`` list replaces them all)."""
     with transaction.atomic():
-        endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
-        if endpoint.status == EndpointStatus.DESTROYING:
-            raise Conflict("The endpoint is being deleted.")
+        endpoint = _lock(endpoint)
         old = endpoint.replicas
         replicas = data.get("replicas", endpoint.replicas)
         min_replicas = data.get("min_replicas", endpoint.min_replicas)
@@ -283,7 +290,7 @@ def endpoint_scale(*, endpoint: Endpoint, user: AbstractBaseUser, replicas: int)
 def endpoint_delete(*, endpoint: Endpoint, user: AbstractBaseUser) -> None:
     """Terminate every replica session, then delete the endpoint (and its history)."""
     with transaction.atomic():
-        endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        endpoint = _lock(endpoint)
         Endpoint.objects.filter(pk=endpoint.pk).update(status=EndpointStatus.DESTROYING, replicas=0)
         for route in endpoint.routes.select_related("session"):
             session = route.session
@@ -294,8 +301,9 @@ def endpoint_delete(*, endpoint: Endpoint, user: AbstractBaseUser) -> None:
                     )
                 except Conflict:
                     pass  # it ended meanwhile
+        endpoint_id = endpoint.pk
         endpoint.delete()
-    logger.info("endpoint %s (%s) deleted by user %s", endpoint.pk, endpoint.name, user.pk)
+    logger.info("endpoint %s (%s) deleted by user %s", endpoint_id, endpoint.name, user.pk)
 
 
 def wake(endpoint_id: str, reason: str) -> None:
@@ -380,15 +388,20 @@ def _rule_from(endpoint: Endpoint, data: dict[str, Any], field: str) -> AutoScal
 
 
 def rule_create(*, endpoint: Endpoint, data: dict[str, Any]) -> AutoScalingRule:
-    if endpoint.rules.count() >= MAX_RULES:
-        raise Conflict(f"An endpoint has at most {MAX_RULES} rules: delete one first.")
-    rule = _rule_from(endpoint, data, "rule")
-    rule.save()
-    request_reconcile(endpoint_id=endpoint.pk)
+    """Add one autoscaling rule to an existing endpoint (at most ``MAX_RULES``)."""
+    with transaction.atomic():
+        endpoint = _lock(endpoint)  # the count and the insert: one at a time per endpoint
+        if endpoint.rules.count() >= MAX_RULES:
+            raise Conflict(f"An endpoint has at most {MAX_RULES} rules: delete one first.")
+        rule = _rule_from(endpoint, data, "rule")
+        rule.save()
+        request_reconcile(endpoint_id=endpoint.pk)
     return rule
 
 
 def rule_delete(*, endpoint: Endpoint, rule_id: int) -> None:
-    deleted, _ = endpoint.rules.filter(pk=rule_id).delete()
+    with transaction.atomic():
+        endpoint = _lock(endpoint)
+        deleted, _ = endpoint.rules.filter(pk=rule_id).delete()
     if not deleted:
         raise NotFound("No such rule.")

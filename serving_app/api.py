@@ -85,6 +85,9 @@ class EndpointSerializer(serializers.ModelSerializer):
     resource_group = serializers.CharField(source="resource_group.name")
     model_folder = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    effective_start_command = serializers.SerializerMethodField(
+        help_text="What replicas run: start_command, or the image's serving command when empty."
+    )
     routes = EndpointRouteSerializer(many=True)
     rules = EndpointRuleSerializer(many=True)
 
@@ -97,6 +100,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "image",
             "model_folder",
             "start_command",
+            "effective_start_command",
             "port",
             "health_path",
             "health_interval",
@@ -125,6 +129,9 @@ class EndpointSerializer(serializers.ModelSerializer):
 
     def get_url(self, obj: Endpoint) -> str:
         return endpoint_url(obj)
+
+    def get_effective_start_command(self, obj: Endpoint) -> str:
+        return services.start_command_of(obj)
 
 
 class EndpointEventSerializer(serializers.ModelSerializer):
@@ -198,7 +205,11 @@ class EndpointCreateSerializer(StrictInputSerializer):
         "mounted read-only at /home/work/<name>.",
     )
     start_command = serializers.CharField(
-        max_length=2048, required=False, allow_blank=True, trim_whitespace=False
+        max_length=2048,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="Empty: the image's serving command (refused if the image has none).",
     )
     port = serializers.IntegerField(min_value=MIN_PORT, max_value=MAX_PORT, required=False)
     health_path = serializers.CharField(max_length=255, required=False)

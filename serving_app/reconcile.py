@@ -33,7 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from sessions_app import services as session_services
-from sessions_app.errors import ApplicationError, Conflict
+from sessions_app.errors import ApplicationError, Conflict, InvalidInput
 from sessions_app.models import TERMINAL, Session, Status
 
 from . import health, policy
@@ -47,7 +47,7 @@ from .models import (
     RouteStatus,
     record,
 )
-from .services import replica_spec
+from .services import no_command, replica_spec, start_command_of
 
 logger = logging.getLogger(__name__)
 
@@ -396,6 +396,8 @@ def _create_replica(endpoint: Endpoint) -> str | None:
     route = Route.objects.create(endpoint=endpoint, status=R.PROVISIONING)
     name = f"serve-{route.pk}-{endpoint.name}"[:64].rstrip("-.")
     try:
+        if not start_command_of(endpoint):  # its image lost its serving command since
+            raise InvalidInput(no_command(endpoint))
         with transaction.atomic():
             session = session_services.session_create(
                 owner=endpoint.owner, spec=replica_spec(endpoint, name=name)
@@ -502,6 +504,15 @@ def _set_status(endpoint: Endpoint, probe_trouble: str) -> None:
     else:
         status = EndpointStatus.PROVISIONING
         reason = f"{healthy} of {desired} replicas healthy; {starting} starting"
+        # What the last health check of a starting replica found (e.g. nothing listens).
+        checked = (
+            endpoint.routes.filter(status=R.PROVISIONING)
+            .exclude(health_reason="")
+            .order_by("pk")
+            .first()
+        )
+        if checked is not None:
+            reason = f"{reason}; replica {checked.pk}: {checked.health_reason}"
     if probe_trouble and status != EndpointStatus.READY:
         reason = f"{reason}; health checks cannot run: {probe_trouble}"
     if (status, reason) == (endpoint.status, endpoint.status_reason):

@@ -73,6 +73,18 @@ def model_folder_for(*, owner: AbstractBaseUser, ref: str) -> DataFolder:
     return folder
 
 
+def start_command_of(endpoint: Endpoint) -> str:
+    """What its replicas run: the endpoint's start command, else its image's serving command."""
+    return endpoint.start_command.strip() or endpoint.image.serve_command.strip()
+
+
+def no_command(endpoint: Endpoint) -> str:
+    return (
+        f"image {endpoint.image.reference} has no default serving command: give the command "
+        f"that starts your model server, listening on port {endpoint.port} ($BAI_SERVE_PORT)"
+    )
+
+
 def replica_spec(endpoint: Endpoint, *, name: str) -> dict[str, Any]:
     """The launch spec of one replica session of ``endpoint``."""
     image = endpoint.image
@@ -84,7 +96,7 @@ def replica_spec(endpoint: Endpoint, *, name: str) -> dict[str, Any]:
         "resource_group": endpoint.resource_group.name,
         "resources": dict(endpoint.resources or {}),
         "cluster_size": endpoint.cluster_size,
-        "startup_command": endpoint.start_command,
+        "startup_command": start_command_of(endpoint),
         # The port must be reachable through the apps proxy's tunnel: an image's own app
         # port already is; any other is opened like a user's port.
         "ports": [] if endpoint.port in declared else [endpoint.port],
@@ -173,7 +185,7 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         name=name,
         image=image,
         model_folder=folder,
-        start_command=data.get("start_command", ""),
+        start_command=data.get("start_command", "").strip(),
         port=port,
         health_path=health_path,
         health_interval=data.get("health_interval", 5),
@@ -186,6 +198,8 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         open_to_public=data.get("open_to_public", False),
         status=EndpointStatus.PROVISIONING if replicas else EndpointStatus.SCALED_TO_ZERO,
     )
+    if not start_command_of(endpoint):
+        raise _bad("start_command", no_command(endpoint))
     _check_replica_fits(owner=owner, endpoint=endpoint)
     rules = [_rule_from(endpoint, r, f"rules.{i}") for i, r in enumerate(data.get("rules") or [])]
     if len(rules) > MAX_RULES:

@@ -253,6 +253,14 @@ class Image(models.Model):
             "on demand (with $BAI_APP_BIND, $BAI_APP_PORT and $BAI_APP_TOKEN set)."
         ),
     )
+    serve_command = models.TextField(
+        blank=True,
+        max_length=2048,
+        help_text=(
+            "The model server an inference endpoint's replicas run when the endpoint gives no "
+            "start command (it listens on $BAI_SERVE_PORT). Empty: endpoints must give one."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

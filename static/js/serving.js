@@ -4,6 +4,7 @@
 // field errors. Test hooks: window.servingReady, window.endpointCreated (its id).
 
 import { api, badge, el, fmtStamp, parseSize, wireDialog } from "./common.js";
+import { ruleFromForm } from "./rules.js";
 
 const $ = (id) => document.getElementById(id);
 const modal = $("endpoint-modal");
@@ -40,11 +41,25 @@ async function load() {
   window.servingReady = true;
 }
 
+let images = [];
+
+// The start command's hint: the chosen image's serving command, or that one must be given.
+function commandHint() {
+  const image = images.find((i) => i.reference === $("ep-image").value);
+  const serves = image && image.serve_command;
+  $("ep-command").placeholder = serves ? image.serve_command : "required: this image has no serving command of its own";
+  $("ep-command-hint").textContent = serves
+    ? "Empty: the image's own model server, on the port below."
+    : "This image has no model server of its own: give the command that starts yours, listening on the port below ($BAI_SERVE_PORT).";
+}
+
 async function openDialog() {
-  const [images, folders, groups] = await Promise.all([api("images/"), api("folders/"), api("resource-groups/")]);
+  let folders, groups;
+  [images, folders, groups] = await Promise.all([api("images/"), api("folders/"), api("resource-groups/")]);
   $("ep-image").replaceChildren(...images.map((i) => el("option", { value: i.reference }, i.display_name ? `${i.display_name} (${i.reference})` : i.reference)));
-  const serve = images.find((i) => /serve/.test(i.reference));
+  const serve = images.find((i) => i.serve_command) || images.find((i) => /serve/.test(i.reference));
   if (serve) $("ep-image").value = serve.reference;
+  commandHint();
   $("ep-folder").replaceChildren(el("option", { value: "" }, "none"), ...folders.map((f) => el("option", { value: f.id }, f.permission === "owner" ? f.name : `${f.owner}/${f.name}`)));
   $("ep-group").replaceChildren(...groups.map((g) => el("option", { value: g.name }, g.name)));
   $("endpoint-error").hidden = true;
@@ -69,17 +84,8 @@ function body() {
     open_to_public: f.open_to_public.checked,
   };
   if (f.start_command.value.trim()) out.start_command = f.start_command.value.trim();
-  if (f.rule_metric.value) {
-    out.rules = [{
-      metric: f.rule_metric.value,
-      comparator: f.rule_comparator.value,
-      threshold: num("rule_threshold"),
-      step: num("rule_step"),
-      cooldown: num("rule_cooldown"),
-      min_replicas: out.min_replicas,
-      max_replicas: out.max_replicas,
-    }];
-  }
+  const rule = ruleFromForm(f, { min_replicas: out.min_replicas, max_replicas: out.max_replicas });
+  if (rule) out.rules = [rule];
   return out;
 }
 
@@ -99,6 +105,7 @@ form.addEventListener("submit", async (event) => {
   }
 });
 
+$("ep-image").addEventListener("change", commandHint);
 $("endpoint-new").addEventListener("click", () => openDialog().catch((err) => { $("error").textContent = err.message; $("error").hidden = false; }));
 if (new URLSearchParams(location.search).has("new")) openDialog();
 load();

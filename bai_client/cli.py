@@ -535,6 +535,31 @@ def serve_token(endpoint: str, as_json: bool) -> None:
         click.echo(token["token"])
 
 
+@serve.command("quota")
+@json_option
+def serve_quota(as_json: bool) -> None:
+    """How many endpoints you have and may have, and the session limits replicas count against."""
+    quota = _api(lambda: _client().call("GET", "endpoints/quota/"))
+    if as_json:
+        output.echo_json(quota)
+        return
+
+    def limit(n: int | None) -> str:
+        return "unlimited" if n is None else str(n)
+
+    output.labelled(
+        [
+            ("endpoints", f"{quota['endpoint_count']} of {limit(quota['max_endpoints'])}"),
+            (
+                "replicas",
+                "your sessions: at most "
+                f"{limit(quota['max_concurrent_sessions'])} running, "
+                f"{limit(quota['max_pending_sessions'])} pending",
+            ),
+        ]
+    )
+
+
 @serve.group("rule")
 def serve_rule() -> None:
     """The autoscaling rules of an existing endpoint: list, add, delete."""

@@ -3,6 +3,7 @@ endpoint its owner (or an admin) may see; anyone else gets 404 on every path."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from django.conf import settings
@@ -281,7 +282,8 @@ class EndpointListCreateApi(APIView):
         return Response(EndpointSerializer(qs[:MAX_LIST], many=True).data)
 
     @extend_schema(
-        request=EndpointCreateSerializer, responses={201: EndpointSerializer, **errors(409)}
+        request=EndpointCreateSerializer,
+        responses={201: EndpointSerializer, **errors(403, 409)},
     )
     def post(self, request: Request) -> Response:
         data = EndpointCreateSerializer(data=request.data)
@@ -289,6 +291,32 @@ class EndpointListCreateApi(APIView):
         endpoint = services.endpoint_create(owner=request.user, data=data.validated_data)
         endpoint = _endpoint(request, endpoint.pk)
         return Response(EndpointSerializer(endpoint).data, status=status.HTTP_201_CREATED)
+
+
+class EndpointQuotaApi(APIView):
+    @extend_schema(
+        responses=inline_serializer(
+            "EndpointQuota",
+            {
+                "endpoint_count": serializers.IntegerField(),
+                "max_endpoints": serializers.IntegerField(
+                    allow_null=True, help_text="null: unlimited."
+                ),
+                "max_concurrent_sessions": serializers.IntegerField(
+                    allow_null=True,
+                    help_text="Replicas are your sessions: they count against this limit.",
+                ),
+                "max_pending_sessions": serializers.IntegerField(
+                    allow_null=True,
+                    help_text="Replicas are your sessions: they count against this limit.",
+                ),
+            },
+        )
+    )
+    def get(self, request: Request) -> Response:
+        """The caller's serving quota: endpoints owned and allowed, and the session limits
+        their replicas count against (nulls: unlimited)."""
+        return Response(asdict(selectors.endpoint_quota(user=request.user)))
 
 
 class EndpointDetailApi(APIView):

@@ -33,7 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from sessions_app import services as session_services
-from sessions_app.errors import ApplicationError, Conflict, InvalidInput
+from sessions_app.errors import ApplicationError, Conflict, InvalidInput, PendingLimitReached
 from sessions_app.models import TERMINAL, Session, Status
 
 from . import health, policy
@@ -406,6 +406,11 @@ def _create_replica(endpoint: Endpoint) -> str | None:
                 # Read-only: the model is the endpoint's, never the replica's to change.
                 session.readonly_mounts.add(endpoint.model_folder_id)
             Route.objects.filter(pk=route.pk).update(session=session)
+    except PendingLimitReached:
+        # The owner's pending limit (replicas are sessions of the owner like any other): not
+        # a failed start; the replica is asked again on a later pass, and the status says why.
+        route.delete()
+        raise
     except ApplicationError as exc:
         route.transition(R.FAILED_TO_START, health_reason=exc.message[:300])
         Endpoint.objects.filter(pk=endpoint.pk).update(start_failures=F("start_failures") + 1)
@@ -455,11 +460,14 @@ def _converge(endpoint: Endpoint, now: datetime, probe_trouble: str) -> None:
             [policy.RouteState(r.pk, r.status, r.created_at) for r in routes], desired
         )
         exhausted = endpoint.start_failures > settings.BAI_SERVE_MAX_START_RETRIES
-        failure = ""
+        waiting = ""
         if not exhausted:
             for _ in range(create):
-                failure = _create_replica(endpoint) or ""
-                if failure:
+                try:
+                    if _create_replica(endpoint):
+                        break
+                except PendingLimitReached as exc:
+                    waiting = exc.message
                     break
         else:
             # Do not take serving replicas away while no replacement can start.
@@ -470,10 +478,10 @@ def _converge(endpoint: Endpoint, now: datetime, probe_trouble: str) -> None:
         for pk in remove:
             _remove_replica(endpoint, by_id[pk], desired)
         endpoint.refresh_from_db(fields=["start_failures"])
-        _set_status(endpoint, probe_trouble)
+        _set_status(endpoint, probe_trouble, waiting)
 
 
-def _set_status(endpoint: Endpoint, probe_trouble: str) -> None:
+def _set_status(endpoint: Endpoint, probe_trouble: str, waiting: str = "") -> None:
     counts: dict[str, int] = {}
     for status in endpoint.routes.values_list("status", flat=True):
         counts[status] = counts.get(status, 0) + 1
@@ -513,6 +521,8 @@ def _set_status(endpoint: Endpoint, probe_trouble: str) -> None:
         )
         if checked is not None:
             reason = f"{reason}; replica {checked.pk}: {checked.health_reason}"
+    if waiting and status != EndpointStatus.READY:
+        reason = f"{reason}; more replicas wait for the owner's quota ({waiting})"
     if probe_trouble and status != EndpointStatus.READY:
         reason = f"{reason}; health checks cannot run: {probe_trouble}"
     if (status, reason) == (endpoint.status, endpoint.status_reason):

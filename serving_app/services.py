@@ -18,7 +18,13 @@ from django.utils import timezone
 from sessions_app import selectors as session_selectors
 from sessions_app import service_ports
 from sessions_app import services as session_services
-from sessions_app.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
+from sessions_app.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PendingLimitReached,
+    QuotaExceeded,
+)
 from sessions_app.launch import plan_preview
 from sessions_app.models import TERMINAL, DataFolder, FolderShare, Image, ResourceGroup
 
@@ -128,7 +134,7 @@ def _check_replica_fits(*, owner: AbstractBaseUser, endpoint: Endpoint) -> None:
     spec = replica_spec(endpoint, name="serve-check")
     try:
         _, never = plan_preview(owner=owner, spec=spec)
-    except QuotaExceeded:
+    except PendingLimitReached:
         return  # the pending limit: the reconciler waits and says so
     except Conflict:
         return  # a session named serve-check: only the name clashed
@@ -208,6 +214,9 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         raise _name_taken(name)
     try:
         with transaction.atomic():
+            # The count and the insert under the owner's lock: creates at once queue here.
+            session_services.lock_owner(owner)
+            _check_endpoint_cap(owner)
             endpoint.save()
             for rule in rules:
                 rule.endpoint = endpoint
@@ -225,6 +234,21 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         raise
     logger.info("endpoint %s (%s) created by user %s", endpoint.pk, name, owner.pk)
     return endpoint
+
+
+def _check_endpoint_cap(owner: AbstractBaseUser) -> None:
+    """The policy's ``max_endpoints`` (403 with the figures); the caller holds the owner's lock."""
+    policy = session_selectors.policy_for_user(user=owner)
+    limit = policy.max_endpoints if policy is not None else None
+    if limit is None:
+        return
+    count = Endpoint.objects.filter(owner=owner).count()
+    if count >= limit:
+        raise QuotaExceeded(
+            f"You have {count} endpoint{'s' if count != 1 else ''}, the most your policy "
+            f"allows ({limit}): delete one first.",
+            {"endpoint_count": count, "max_endpoints": limit},
+        )
 
 
 def _name_taken(name: str) -> Conflict:

@@ -297,6 +297,14 @@ class ResourcePolicy(models.Model):
     max_folder_bytes = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Bytes over all the user's folders. Empty: unlimited."
     )
+    # Inference endpoints the user may own at once. Their replicas are sessions of the user
+    # and count against the session limits above like any other.
+    max_endpoints = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Inference endpoints a user may own at once (their replicas count as the "
+        "user's sessions). Empty: unlimited.",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -28,9 +28,16 @@ function row(ep) {
   );
 }
 
+function quota(q) {
+  const limit = (n, what) => (n === null ? `no limit on ${what}` : `at most ${n} ${what}`);
+  $("quota-endpoints").textContent = q.max_endpoints === null ? `${q.endpoint_count}` : `${q.endpoint_count} of ${q.max_endpoints}`;
+  $("quota-replicas").textContent = `Each replica is one of your sessions and counts against your limits: ${limit(q.max_concurrent_sessions, "running")}, ${limit(q.max_pending_sessions, "pending")}.`;
+}
+
 async function load() {
   try {
-    const list = await api("endpoints/");
+    const [list, q] = await Promise.all([api("endpoints/"), api("endpoints/quota/")]);
+    quota(q);
     $("endpoints-body").replaceChildren(...list.map(row));
     $("endpoints-empty").hidden = list.length > 0;
     $("error").hidden = true;

@@ -7,7 +7,8 @@ are the real ones in Redis.
 - a route with no latency figure shows "—", never "— ms"; one with requests shows its p95;
 - the starting route's row says why it is not healthy yet ("nothing listens on port N");
 - autoscaling rules are added to and removed from the existing endpoint;
-- the "Scaling to N replica(s)" note goes once N replicas serve.
+- the "Scaling to N replica(s)" note goes once N replicas serve;
+- the list shows the endpoints the policy allows and that replicas count as sessions.
 
 Personas: ``alice`` owns the endpoint. Screenshots at 1366 and 390 px go to
 test-artifacts/e2e/<test>/.
@@ -84,11 +85,22 @@ def test_the_endpoint_page_shows_badges_figures_reasons_rules_and_scaling(
 ):
     from serving_app import metrics
     from serving_app.models import AutoScalingRule, EndpointStatus, RouteStatus
+    from sessions_app.models import ResourcePolicy
 
     image = images["bai-kernel/minimal:1"]
     endpoint_id, serving, starting = _orm(_deploy, users["alice"], image)
+    _orm(lambda: ResourcePolicy.objects.filter(is_default=True).update(max_endpoints=3))
     try:
         page = login("alice", screenshot=False, viewport={"width": 1366, "height": 900})
+        # The list: the endpoints the policy allows, and that replicas are sessions of hers.
+        page.goto(f"{live_server_url}/serving/")
+        page.wait_for_function("() => window.servingReady === true")
+        assert page.inner_text("#quota-endpoints") == "1 of 3"
+        assert "counts against your limits: at most 10 running, at most 20 pending" in (
+            page.inner_text("#quota-replicas")
+        )
+        assert page.get_attribute('#endpoints-body tr[data-name="iris"] .badge', "data-status")
+        shot(page, "list-quota")
         page.goto(f"{live_server_url}/serving/{endpoint_id}/")
         page.wait_for_selector(f'#routes-body tr[data-id="{starting}"]')
 

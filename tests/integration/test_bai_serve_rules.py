@@ -1,6 +1,7 @@
 """``bai serve`` against a live manager: an endpoint's autoscaling rules are added, listed and
-deleted after it was created, and an empty start command is refused for an image with no
-serving command of its own, with the API's words.
+deleted after it was created, an empty start command is refused for an image with no
+serving command of its own, with the API's words, and ``bai serve quota`` says what the policy
+allows.
 
 Personas: ``alice`` owns the endpoint; ``bob`` may not reach it.
 """
@@ -32,6 +33,9 @@ def test_bai_serve_adds_lists_and_deletes_rules_of_an_existing_endpoint(
     assert refused.returncode == 1
     assert "has no default serving command" in refused.stderr
     bai(config, "serve", "create", "iris", "-i", image.reference, "-c", "sleep 600")
+    quota = bai(config, "serve", "quota").stdout
+    assert "endpoints: 1 of unlimited" in quota, quota
+    assert "your sessions: at most 10 running, 20 pending" in quota, quota
 
     added = bai(
         config, "serve", "rule", "add", "iris", "--metric", "rps_per_replica", "--when", "gt",

@@ -168,6 +168,7 @@ def test_anonymous_callers_are_refused_everywhere(api, make_endpoint):
     for method, path, body in _paths(endpoint.pk, 1, 1):
         response = getattr(api(), method)(path, body, format="json")
         assert response.status_code in (401, 403), (method, path)
+    assert api().get("/api/v1/endpoints/quota/").status_code in (401, 403)
 
 
 def test_an_admin_sees_and_manages_alices_endpoint(api, admin, make_endpoint):
@@ -342,6 +343,7 @@ def test_the_schema_documents_every_endpoint_operation(client):
     document = json.loads(client.get("/api/schema/?format=json").content)
     for path in (
         "/api/v1/endpoints/",
+        "/api/v1/endpoints/quota/",
         "/api/v1/endpoints/{endpoint_id}/",
         "/api/v1/endpoints/{endpoint_id}/scale/",
         "/api/v1/endpoints/{endpoint_id}/routes/",

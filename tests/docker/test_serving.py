@@ -200,6 +200,10 @@ def test_an_endpoint_serves_spreads_heals_scales_and_wakes_from_zero(
 
             # 1. Two HEALTHY replicas, and /predict answers through the router.
             wait_for(lambda: len(_routes(iris, "HEALTHY")) == 2, timeout=90, what="2 healthy")
+            # The status follows the routes at the end of the same reconciler pass.
+            wait_for(
+                lambda: Endpoint.objects.get(pk=iris).status == "READY", what="the status READY"
+            )
             status, detail = _api(live_system, alice_api, "GET", f"/api/v1/endpoints/{iris}/")
             assert detail["status"] == "READY", detail
             assert detail["url"].endswith("/serve/iris/")
@@ -493,16 +497,20 @@ def test_the_model_image_serves_with_no_start_command_and_a_silent_replica_says_
                     live_system, token, "GET", f"/api/v1/endpoints/{silent['id']}/"
                 )
                 routes = detail["routes"]
-                return routes and routes[0]["health_reason"] and (detail, routes[0])
+                # The route's reason, then (at the end of the same pass) the endpoint's.
+                said = routes and "nothing listens" in detail["status_reason"]
+                return said and (detail, routes[0])
 
             detail, route = wait_for(silent_reason, timeout=90, what="the silent route's reason")
             assert route["status"] == "PROVISIONING"
             assert route["health_reason"].startswith("nothing listens on port 8000"), route
             assert "nothing listens on port 8000" in detail["status_reason"], detail
             wait_for(
-                lambda: _routes(default["id"], "HEALTHY"), timeout=120, what="the default serves"
+                lambda: Endpoint.objects.get(pk=default["id"]).status == "READY",
+                timeout=120,
+                what="the default command serves (READY)",
             )
-            assert Endpoint.objects.get(pk=default["id"]).status == "READY"
+            assert len(_routes(default["id"], "HEALTHY")) == 1
             assert reconciler.errors == []
     finally:
         replica_sessions = [str(pk) for pk in Route.objects.values_list("session_id", flat=True)]

@@ -445,7 +445,11 @@ def serve_list(everyone: bool, as_json: bool) -> None:
 @click.argument("name")
 @click.option("-i", "--image", required=True, help="The image of every replica.")
 @click.option("-m", "--model-folder", help="A data folder with the model, mounted read-only.")
-@click.option("-c", "--start-command", help="The command that starts the model server.")
+@click.option(
+    "-c",
+    "--start-command",
+    help="The command that starts the model server (default: the image's own, if it has one).",
+)
 @click.option("--port", type=int, help="The port it listens on (default 8000).")
 @click.option("--health-path", help="Its health check path (default /health).")
 @click.option("--replicas", type=int, help="How many replicas (default 1).")
@@ -529,6 +533,94 @@ def serve_token(endpoint: str, as_json: bool) -> None:
         output.echo_json(token)
     else:
         click.echo(token["token"])
+
+
+@serve.command("quota")
+@json_option
+def serve_quota(as_json: bool) -> None:
+    """How many endpoints you have and may have, and the session limits replicas count against."""
+    quota = _api(lambda: _client().call("GET", "endpoints/quota/"))
+    if as_json:
+        output.echo_json(quota)
+        return
+
+    def limit(n: int | None) -> str:
+        return "unlimited" if n is None else str(n)
+
+    output.labelled(
+        [
+            ("endpoints", f"{quota['endpoint_count']} of {limit(quota['max_endpoints'])}"),
+            (
+                "replicas",
+                "your sessions: at most "
+                f"{limit(quota['max_concurrent_sessions'])} running, "
+                f"{limit(quota['max_pending_sessions'])} pending",
+            ),
+        ]
+    )
+
+
+@serve.group("rule")
+def serve_rule() -> None:
+    """The autoscaling rules of an existing endpoint: list, add, delete."""
+
+
+@serve_rule.command("list")
+@click.argument("endpoint")
+@json_option
+def serve_rule_list(endpoint: str, as_json: bool) -> None:
+    """The rules of ENDPOINT."""
+    client = _client()
+    rules = _api(lambda: client.call("GET", f"endpoints/{_endpoint_id(client, endpoint)}/rules/"))
+    output.echo_json(rules) if as_json else output.rules_table(rules)
+
+
+@serve_rule.command("add")
+@click.argument("endpoint")
+@click.option(
+    "--metric",
+    required=True,
+    type=click.Choice(["rps_per_replica", "p95_latency_ms", "inflight", "cpu_util"]),
+    help="What the rule watches.",
+)
+@click.option(
+    "--when",
+    "comparator",
+    required=True,
+    type=click.Choice(["gt", "ge", "lt", "le"]),
+    help="Above (gt), at or above (ge), below (lt), at or below (le) the threshold.",
+)
+@click.option("--threshold", required=True, type=float)
+@click.option(
+    "--step", required=True, type=int, help="Replicas to add (negative: to remove); not 0."
+)
+@click.option("--cooldown", type=int, help="Seconds before the rule may fire again (default 60).")
+@click.option("--min-replicas", type=int, help="The fewest replicas it scales to.")
+@click.option("--max-replicas", type=int, help="The most replicas it scales to.")
+@json_option
+def serve_rule_add(endpoint: str, as_json: bool, **options: Any) -> None:
+    """Add an autoscaling rule to ENDPOINT, e.g. ``--metric rps_per_replica --when gt
+    --threshold 20 --step 1``."""
+    client = _client()
+    body = {k: v for k, v in options.items() if v is not None}
+    rule = _api(
+        lambda: client.call("POST", f"endpoints/{_endpoint_id(client, endpoint)}/rules/", body)
+    )
+    output.echo_json(rule) if as_json else output.rules_table([rule])
+
+
+@serve_rule.command("delete")
+@click.argument("endpoint")
+@click.argument("rule_id", type=click.IntRange(1))
+def serve_rule_delete(endpoint: str, rule_id: int) -> None:
+    """Delete rule RULE_ID (see ``bai serve rule list``) of ENDPOINT."""
+    client = _client()
+    _api(
+        lambda: client.call(
+            "DELETE", f"endpoints/{_endpoint_id(client, endpoint)}/rules/{rule_id}/"
+        )
+    )
+    click.echo(f"rule {rule_id}: deleted")
 
 
 @serve.command("delete")

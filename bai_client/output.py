@@ -143,6 +143,24 @@ def endpoints_table(endpoints: list[dict[str, Any]]) -> None:
     )
 
 
+def rules_table(rules: list[dict[str, Any]]) -> None:
+    """Autoscaling rules, one a row."""
+    table(
+        ["RULE", "METRIC", "WHEN", "STEP", "COOLDOWN", "MIN–MAX"],
+        [
+            [
+                r["id"],
+                r["metric"],
+                f"{r['comparator']} {r['threshold']:g}",
+                f"{r['step']:+d}",
+                f"{r['cooldown']} s",
+                f"{r['min_replicas']}–{r['max_replicas']}",
+            ]
+            for r in rules
+        ],
+    )
+
+
 def endpoint_details(endpoint: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
     """The endpoint and why it is in its status, its routes, rules and history."""
     fields = [
@@ -154,7 +172,15 @@ def endpoint_details(endpoint: dict[str, Any], history: list[dict[str, Any]] | N
         ("reason", endpoint["status_reason"]),
         ("image", endpoint["image"]),
         ("model folder", endpoint["model_folder"]),
-        ("start command", endpoint["start_command"]),
+        (
+            "start command",
+            endpoint["start_command"]
+            or (
+                f"{endpoint['effective_start_command']} (the image's default)"
+                if endpoint.get("effective_start_command")
+                else None
+            ),
+        ),
         ("port", endpoint["port"]),
         ("health", f"GET {endpoint['health_path']} every {endpoint['health_interval']} s"),
         (
@@ -170,25 +196,15 @@ def endpoint_details(endpoint: dict[str, Any], history: list[dict[str, Any]] | N
     ]
     labelled(fields)
     table(
-        ["ROUTE", "SESSION", "STATUS", "RATIO"],
-        [[r["id"], r["session_id"], r["status"], r["traffic_ratio"]] for r in endpoint["routes"]],
+        ["ROUTE", "SESSION", "STATUS", "RATIO", "WHY"],
+        [
+            [r["id"], r["session_id"], r["status"], r["traffic_ratio"], r.get("health_reason")]
+            for r in endpoint["routes"]
+        ],
     )
     if endpoint["rules"]:
         click.echo()
-        table(
-            ["RULE", "METRIC", "WHEN", "STEP", "COOLDOWN", "MIN–MAX"],
-            [
-                [
-                    r["id"],
-                    r["metric"],
-                    f"{r['comparator']} {r['threshold']:g}",
-                    f"{r['step']:+d}",
-                    f"{r['cooldown']} s",
-                    f"{r['min_replicas']}–{r['max_replicas']}",
-                ]
-                for r in endpoint["rules"]
-            ],
-        )
+        rules_table(endpoint["rules"])
     if history:
         click.echo()
         table(

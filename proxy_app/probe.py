@@ -12,6 +12,7 @@ from urllib.parse import parse_qs
 
 import h11
 
+from agent.protocol import TUNNEL_FAILED
 from serving_app.health import read_probe_token
 from sessions_app.service_ports import App
 
@@ -37,7 +38,7 @@ async def _answer(send: Any, status: int, body: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-async def _get(target: Target, path: str) -> int:
+async def _get(target: Target, path: str, port: int) -> int:
     tunnel = await tunnels.open_tunnel(target)
     try:
         conn = h11.Connection(h11.CLIENT)
@@ -53,9 +54,10 @@ async def _get(target: Target, path: str) -> int:
                 data = await tunnel.read()
                 if data is None:
                     why = (
-                        "nothing listens on the port"
-                        if tunnel.close_code == 4502
-                        else ("the replica closed the connection without an answer")
+                        # The agent says why it could not connect (it tried the port).
+                        (tunnel.close_reason or f"nothing listens on port {port}")
+                        if tunnel.close_code == TUNNEL_FAILED
+                        else "the replica closed the connection without an answer"
                     )
                     raise tunnels.TunnelFailed(why)
                 conn.receive_data(data)
@@ -87,7 +89,7 @@ async def serve_probe(scope: dict[str, Any], receive: Any, send: Any) -> None:
         secret="",
     )
     try:
-        status = await asyncio.wait_for(_get(target, str(probe["h"])), timeout)
+        status = await asyncio.wait_for(_get(target, str(probe["h"]), int(probe["p"])), timeout)
     except TimeoutError:
         reason = f"no answer within {timeout:g} s"
         await _answer(send, 200, {"ok": False, "status": None, "reason": reason})

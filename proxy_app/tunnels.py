@@ -52,6 +52,7 @@ class Tunnel:
         self._send = send
         self.closed = False
         self.close_code: int | None = None
+        self.close_reason = ""  # the agent's words, e.g. "nothing listens on port 8000 …"
         self.finished = asyncio.Event()
         self.reused = False  # taken from the pool (it served an exchange before)
         # A receive the pool's watcher started while the tunnel was idle: the next
@@ -75,6 +76,7 @@ class Tunnel:
             elif event["type"] == "websocket.disconnect":
                 self.closed = True
                 self.close_code = event.get("code")
+                self.close_reason = str(event.get("reason") or "")
         return None
 
     async def write(self, data: bytes) -> None:

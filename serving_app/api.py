@@ -3,6 +3,7 @@ endpoint its owner (or an admin) may see; anyone else gets 404 on every path."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from django.conf import settings
@@ -85,6 +86,9 @@ class EndpointSerializer(serializers.ModelSerializer):
     resource_group = serializers.CharField(source="resource_group.name")
     model_folder = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    effective_start_command = serializers.SerializerMethodField(
+        help_text="What replicas run: start_command, or the image's serving command when empty."
+    )
     routes = EndpointRouteSerializer(many=True)
     rules = EndpointRuleSerializer(many=True)
 
@@ -97,6 +101,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "image",
             "model_folder",
             "start_command",
+            "effective_start_command",
             "port",
             "health_path",
             "health_interval",
@@ -125,6 +130,9 @@ class EndpointSerializer(serializers.ModelSerializer):
 
     def get_url(self, obj: Endpoint) -> str:
         return endpoint_url(obj)
+
+    def get_effective_start_command(self, obj: Endpoint) -> str:
+        return services.start_command_of(obj)
 
 
 class EndpointEventSerializer(serializers.ModelSerializer):
@@ -198,7 +206,11 @@ class EndpointCreateSerializer(StrictInputSerializer):
         "mounted read-only at /home/work/<name>.",
     )
     start_command = serializers.CharField(
-        max_length=2048, required=False, allow_blank=True, trim_whitespace=False
+        max_length=2048,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="Empty: the image's serving command (refused if the image has none).",
     )
     port = serializers.IntegerField(min_value=MIN_PORT, max_value=MAX_PORT, required=False)
     health_path = serializers.CharField(max_length=255, required=False)
@@ -270,7 +282,8 @@ class EndpointListCreateApi(APIView):
         return Response(EndpointSerializer(qs[:MAX_LIST], many=True).data)
 
     @extend_schema(
-        request=EndpointCreateSerializer, responses={201: EndpointSerializer, **errors(409)}
+        request=EndpointCreateSerializer,
+        responses={201: EndpointSerializer, **errors(403, 409)},
     )
     def post(self, request: Request) -> Response:
         data = EndpointCreateSerializer(data=request.data)
@@ -278,6 +291,32 @@ class EndpointListCreateApi(APIView):
         endpoint = services.endpoint_create(owner=request.user, data=data.validated_data)
         endpoint = _endpoint(request, endpoint.pk)
         return Response(EndpointSerializer(endpoint).data, status=status.HTTP_201_CREATED)
+
+
+class EndpointQuotaApi(APIView):
+    @extend_schema(
+        responses=inline_serializer(
+            "EndpointQuota",
+            {
+                "endpoint_count": serializers.IntegerField(),
+                "max_endpoints": serializers.IntegerField(
+                    allow_null=True, help_text="null: unlimited."
+                ),
+                "max_concurrent_sessions": serializers.IntegerField(
+                    allow_null=True,
+                    help_text="Replicas are your sessions: they count against this limit.",
+                ),
+                "max_pending_sessions": serializers.IntegerField(
+                    allow_null=True,
+                    help_text="Replicas are your sessions: they count against this limit.",
+                ),
+            },
+        )
+    )
+    def get(self, request: Request) -> Response:
+        """The caller's serving quota: endpoints owned and allowed, and the session limits
+        their replicas count against (nulls: unlimited)."""
+        return Response(asdict(selectors.endpoint_quota(user=request.user)))
 
 
 class EndpointDetailApi(APIView):

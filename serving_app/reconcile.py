@@ -33,7 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from sessions_app import services as session_services
-from sessions_app.errors import ApplicationError, Conflict
+from sessions_app.errors import ApplicationError, Conflict, InvalidInput, PendingLimitReached
 from sessions_app.models import TERMINAL, Session, Status
 
 from . import health, policy
@@ -47,7 +47,7 @@ from .models import (
     RouteStatus,
     record,
 )
-from .services import replica_spec
+from .services import no_command, replica_spec, start_command_of
 
 logger = logging.getLogger(__name__)
 
@@ -396,6 +396,8 @@ def _create_replica(endpoint: Endpoint) -> str | None:
     route = Route.objects.create(endpoint=endpoint, status=R.PROVISIONING)
     name = f"serve-{route.pk}-{endpoint.name}"[:64].rstrip("-.")
     try:
+        if not start_command_of(endpoint):  # its image lost its serving command since
+            raise InvalidInput(no_command(endpoint))
         with transaction.atomic():
             session = session_services.session_create(
                 owner=endpoint.owner, spec=replica_spec(endpoint, name=name)
@@ -404,6 +406,11 @@ def _create_replica(endpoint: Endpoint) -> str | None:
                 # Read-only: the model is the endpoint's, never the replica's to change.
                 session.readonly_mounts.add(endpoint.model_folder_id)
             Route.objects.filter(pk=route.pk).update(session=session)
+    except PendingLimitReached:
+        # The owner's pending limit (replicas are sessions of the owner like any other): not
+        # a failed start; the replica is asked again on a later pass, and the status says why.
+        route.delete()
+        raise
     except ApplicationError as exc:
         route.transition(R.FAILED_TO_START, health_reason=exc.message[:300])
         Endpoint.objects.filter(pk=endpoint.pk).update(start_failures=F("start_failures") + 1)
@@ -453,11 +460,14 @@ def _converge(endpoint: Endpoint, now: datetime, probe_trouble: str) -> None:
             [policy.RouteState(r.pk, r.status, r.created_at) for r in routes], desired
         )
         exhausted = endpoint.start_failures > settings.BAI_SERVE_MAX_START_RETRIES
-        failure = ""
+        waiting = ""
         if not exhausted:
             for _ in range(create):
-                failure = _create_replica(endpoint) or ""
-                if failure:
+                try:
+                    if _create_replica(endpoint):
+                        break
+                except PendingLimitReached as exc:
+                    waiting = exc.message
                     break
         else:
             # Do not take serving replicas away while no replacement can start.
@@ -468,10 +478,10 @@ def _converge(endpoint: Endpoint, now: datetime, probe_trouble: str) -> None:
         for pk in remove:
             _remove_replica(endpoint, by_id[pk], desired)
         endpoint.refresh_from_db(fields=["start_failures"])
-        _set_status(endpoint, probe_trouble)
+        _set_status(endpoint, probe_trouble, waiting)
 
 
-def _set_status(endpoint: Endpoint, probe_trouble: str) -> None:
+def _set_status(endpoint: Endpoint, probe_trouble: str, waiting: str = "") -> None:
     counts: dict[str, int] = {}
     for status in endpoint.routes.values_list("status", flat=True):
         counts[status] = counts.get(status, 0) + 1
@@ -502,6 +512,17 @@ def _set_status(endpoint: Endpoint, probe_trouble: str) -> None:
     else:
         status = EndpointStatus.PROVISIONING
         reason = f"{healthy} of {desired} replicas healthy; {starting} starting"
+        # What the last health check of a starting replica found (e.g. nothing listens).
+        checked = (
+            endpoint.routes.filter(status=R.PROVISIONING)
+            .exclude(health_reason="")
+            .order_by("pk")
+            .first()
+        )
+        if checked is not None:
+            reason = f"{reason}; replica {checked.pk}: {checked.health_reason}"
+    if waiting and status != EndpointStatus.READY:
+        reason = f"{reason}; more replicas wait for the owner's quota ({waiting})"
     if probe_trouble and status != EndpointStatus.READY:
         reason = f"{reason}; health checks cannot run: {probe_trouble}"
     if (status, reason) == (endpoint.status, endpoint.status_reason):

@@ -12,7 +12,7 @@ from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from sessions_app.errors import NotFound
-from sessions_app.selectors import as_uuid
+from sessions_app.selectors import as_uuid, policy_for_user
 
 from .models import Endpoint, EndpointEvent, EndpointToken, Route, RouteStatus
 from .services import hash_token
@@ -28,6 +28,27 @@ def endpoints_for_user(*, user: AbstractBaseUser, include_all: bool = False) -> 
     if include_all and user.is_staff:
         return qs
     return qs.filter(owner=user)
+
+
+@dataclass(frozen=True)
+class EndpointQuota:
+    """What a user's policy allows of serving (None: unlimited). Replicas are the user's
+    sessions: they count against the session limits like any other session."""
+
+    endpoint_count: int
+    max_endpoints: int | None
+    max_concurrent_sessions: int | None
+    max_pending_sessions: int | None
+
+
+def endpoint_quota(*, user: AbstractBaseUser) -> EndpointQuota:
+    policy = policy_for_user(user=user)
+    return EndpointQuota(
+        endpoint_count=Endpoint.objects.filter(owner=user).count(),
+        max_endpoints=policy.max_endpoints if policy else None,
+        max_concurrent_sessions=policy.max_concurrent_sessions if policy else None,
+        max_pending_sessions=policy.max_pending_sessions if policy else None,
+    )
 
 
 def get_endpoint_for_user(*, user: AbstractBaseUser, endpoint_id: object) -> Endpoint:

@@ -18,7 +18,13 @@ from django.utils import timezone
 from sessions_app import selectors as session_selectors
 from sessions_app import service_ports
 from sessions_app import services as session_services
-from sessions_app.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
+from sessions_app.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PendingLimitReached,
+    QuotaExceeded,
+)
 from sessions_app.launch import plan_preview
 from sessions_app.models import TERMINAL, DataFolder, FolderShare, Image, ResourceGroup
 
@@ -73,6 +79,18 @@ def model_folder_for(*, owner: AbstractBaseUser, ref: str) -> DataFolder:
     return folder
 
 
+def start_command_of(endpoint: Endpoint) -> str:
+    """What its replicas run: the endpoint's start command, else its image's serving command."""
+    return endpoint.start_command.strip() or endpoint.image.serve_command.strip()
+
+
+def no_command(endpoint: Endpoint) -> str:
+    return (
+        f"image {endpoint.image.reference} has no default serving command: give the command "
+        f"that starts your model server, listening on port {endpoint.port} ($BAI_SERVE_PORT)"
+    )
+
+
 def replica_spec(endpoint: Endpoint, *, name: str) -> dict[str, Any]:
     """The launch spec of one replica session of ``endpoint``."""
     image = endpoint.image
@@ -84,7 +102,7 @@ def replica_spec(endpoint: Endpoint, *, name: str) -> dict[str, Any]:
         "resource_group": endpoint.resource_group.name,
         "resources": dict(endpoint.resources or {}),
         "cluster_size": endpoint.cluster_size,
-        "startup_command": endpoint.start_command,
+        "startup_command": start_command_of(endpoint),
         # The port must be reachable through the apps proxy's tunnel: an image's own app
         # port already is; any other is opened like a user's port.
         "ports": [] if endpoint.port in declared else [endpoint.port],
@@ -116,7 +134,7 @@ def _check_replica_fits(*, owner: AbstractBaseUser, endpoint: Endpoint) -> None:
     spec = replica_spec(endpoint, name="serve-check")
     try:
         _, never = plan_preview(owner=owner, spec=spec)
-    except QuotaExceeded:
+    except PendingLimitReached:
         return  # the pending limit: the reconciler waits and says so
     except Conflict:
         return  # a session named serve-check: only the name clashed
@@ -173,7 +191,7 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         name=name,
         image=image,
         model_folder=folder,
-        start_command=data.get("start_command", ""),
+        start_command=data.get("start_command", "").strip(),
         port=port,
         health_path=health_path,
         health_interval=data.get("health_interval", 5),
@@ -186,6 +204,8 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         open_to_public=data.get("open_to_public", False),
         status=EndpointStatus.PROVISIONING if replicas else EndpointStatus.SCALED_TO_ZERO,
     )
+    if not start_command_of(endpoint):
+        raise _bad("start_command", no_command(endpoint))
     _check_replica_fits(owner=owner, endpoint=endpoint)
     rules = [_rule_from(endpoint, r, f"rules.{i}") for i, r in enumerate(data.get("rules") or [])]
     if len(rules) > MAX_RULES:
@@ -194,6 +214,9 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
         raise _name_taken(name)
     try:
         with transaction.atomic():
+            # The count and the insert under the owner's lock: creates at once queue here.
+            session_services.lock_owner(owner)
+            _check_endpoint_cap(owner)
             endpoint.save()
             for rule in rules:
                 rule.endpoint = endpoint
@@ -213,11 +236,35 @@ def endpoint_create(*, owner: AbstractBaseUser, data: dict[str, Any]) -> Endpoin
     return endpoint
 
 
+def _check_endpoint_cap(owner: AbstractBaseUser) -> None:
+    """The policy's ``max_endpoints`` (403 with the figures); the caller holds the owner's lock."""
+    policy = session_selectors.policy_for_user(user=owner)
+    limit = policy.max_endpoints if policy is not None else None
+    if limit is None:
+        return
+    count = Endpoint.objects.filter(owner=owner).count()
+    if count >= limit:
+        raise QuotaExceeded(
+            f"You have {count} endpoint{'s' if count != 1 else ''}, the most your policy "
+            f"allows ({limit}): delete one first.",
+            {"endpoint_count": count, "max_endpoints": limit},
+        )
+
+
 def _name_taken(name: str) -> Conflict:
     return Conflict(
         f"An endpoint named {name!r} exists already (names are URLs, shared by all users).",
         {"fields": {"name": ["already taken"]}},
     )
+
+
+def _lock(endpoint: Endpoint) -> Endpoint:
+    """The endpoint's row, locked until the transaction ends; 404 once it is deleted (a
+    request that found it may reach here after a concurrent delete committed)."""
+    locked = Endpoint.objects.select_for_update(of=("self",)).filter(pk=endpoint.pk).first()
+    if locked is None or locked.status == EndpointStatus.DESTROYING:
+        raise NotFound("The endpoint was deleted.")
+    return locked
 
 
 def endpoint_update(
@@ -226,9 +273,7 @@ def endpoint_update(
     """Change the replica bounds and count, public access, health checks, or the
     rules (a given ``rules`` list replaces them all)."""
     with transaction.atomic():
-        endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
-        if endpoint.status == EndpointStatus.DESTROYING:
-            raise Conflict("The endpoint is being deleted.")
+        endpoint = _lock(endpoint)
         old = endpoint.replicas
         replicas = data.get("replicas", endpoint.replicas)
         min_replicas = data.get("min_replicas", endpoint.min_replicas)
@@ -283,7 +328,7 @@ def endpoint_scale(*, endpoint: Endpoint, user: AbstractBaseUser, replicas: int)
 def endpoint_delete(*, endpoint: Endpoint, user: AbstractBaseUser) -> None:
     """Terminate every replica session, then delete the endpoint (and its history)."""
     with transaction.atomic():
-        endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        endpoint = _lock(endpoint)
         Endpoint.objects.filter(pk=endpoint.pk).update(status=EndpointStatus.DESTROYING, replicas=0)
         for route in endpoint.routes.select_related("session"):
             session = route.session
@@ -294,8 +339,9 @@ def endpoint_delete(*, endpoint: Endpoint, user: AbstractBaseUser) -> None:
                     )
                 except Conflict:
                     pass  # it ended meanwhile
+        endpoint_id = endpoint.pk
         endpoint.delete()
-    logger.info("endpoint %s (%s) deleted by user %s", endpoint.pk, endpoint.name, user.pk)
+    logger.info("endpoint %s (%s) deleted by user %s", endpoint_id, endpoint.name, user.pk)
 
 
 def wake(endpoint_id: str, reason: str) -> None:
@@ -384,15 +430,20 @@ def _rule_from(endpoint: Endpoint, data: dict[str, Any], field: str) -> AutoScal
 
 
 def rule_create(*, endpoint: Endpoint, data: dict[str, Any]) -> AutoScalingRule:
-    if endpoint.rules.count() >= MAX_RULES:
-        raise Conflict(f"An endpoint has at most {MAX_RULES} rules: delete one first.")
-    rule = _rule_from(endpoint, data, "rule")
-    rule.save()
-    request_reconcile(endpoint_id=endpoint.pk)
+    """Add one autoscaling rule to an existing endpoint (at most ``MAX_RULES``)."""
+    with transaction.atomic():
+        endpoint = _lock(endpoint)  # the count and the insert: one at a time per endpoint
+        if endpoint.rules.count() >= MAX_RULES:
+            raise Conflict(f"An endpoint has at most {MAX_RULES} rules: delete one first.")
+        rule = _rule_from(endpoint, data, "rule")
+        rule.save()
+        request_reconcile(endpoint_id=endpoint.pk)
     return rule
 
 
 def rule_delete(*, endpoint: Endpoint, rule_id: int) -> None:
-    deleted, _ = endpoint.rules.filter(pk=rule_id).delete()
+    with transaction.atomic():
+        endpoint = _lock(endpoint)
+        deleted, _ = endpoint.rules.filter(pk=rule_id).delete()
     if not deleted:
         raise NotFound("No such rule.")

@@ -4,6 +4,7 @@ from . import api
 
 urlpatterns = [
     path("endpoints/", api.EndpointListCreateApi.as_view(), name="api-endpoints"),
+    path("endpoints/quota/", api.EndpointQuotaApi.as_view(), name="api-endpoint-quota"),
     path("endpoints/<str:endpoint_id>/", api.EndpointDetailApi.as_view(), name="api-endpoint"),
     path(
         "endpoints/<str:endpoint_id>/scale/",

@@ -409,6 +409,7 @@ class ResourcePolicyAdmin(admin.ModelAdmin):
         "max_concurrent_sessions",
         "max_pending_sessions",
         "max_containers_per_session",
+        "max_endpoints",
         "idle",
         "lifetime",
     ]

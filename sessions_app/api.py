@@ -1436,6 +1436,10 @@ class ImageSerializer(serializers.Serializer):
     description = serializers.CharField()
     min_slots = serializers.JSONField()
     supports_ssh = serializers.BooleanField()
+    serve_command = serializers.CharField(
+        help_text="What an inference endpoint's replicas run when it gives no start command; "
+        "empty: it must give one."
+    )
     allowed_groups = serializers.SerializerMethodField()
 
     def get_allowed_groups(self, obj: Any) -> list[str]:

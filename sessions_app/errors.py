@@ -38,6 +38,10 @@ class QuotaExceeded(ApplicationError):
     status_code = status.HTTP_403_FORBIDDEN
 
 
+class PendingLimitReached(QuotaExceeded):
+    """The owner's limit of pending sessions: a launch that may pass once one of theirs starts."""
+
+
 class Forbidden(ApplicationError):
     """Allowed to others (admins), not to this user."""
 

@@ -13,8 +13,9 @@ Four images:
   no sshd: a new tag, so that an agent never runs the new server on the old image.
 * ``bai-kernel/sklearn-serve:1`` -- the same kind of root with Debian's scikit-learn, FastAPI and
   uvicorn, an iris classifier trained when the image is built (from the iris data scikit-learn
-  ships) and its model server in ``/opt/model`` (``image_files/sklearn_serve/``). Start it with
-  ``SKLEARN_SERVE_COMMAND``; nothing is downloaded at run time. Cached alike.
+  ships) and its model server in ``/opt/model`` (``image_files/sklearn_serve/``). Its default
+  serving command, ``SKLEARN_SERVE_COMMAND`` (registered as the image's ``serve_command``), serves
+  it on the endpoint's port; nothing is downloaded at run time. Cached alike.
 
 Both images carry the label ``ai.backend.recipe=<hash>``; an image already in the engine with the
 same label is left alone. Root tarballs never carry xattrs (file capabilities break binaries such
@@ -92,8 +93,11 @@ SKLEARN_SERVE_PACKAGES = ("python3", "python3-sklearn", "python3-fastapi", "uvic
 SKLEARN_SERVE_FILES = Path(__file__).with_name("image_files") / "sklearn_serve"
 SKLEARN_SERVE_DIR = "/opt/model"
 SKLEARN_SERVE_PORT = 8000
+# The image's default serving command (an endpoint with no start command runs it): on the
+# endpoint's port ($BAI_SERVE_PORT, set in every replica), else on SKLEARN_SERVE_PORT.
 SKLEARN_SERVE_COMMAND = (
-    f"uvicorn --app-dir {SKLEARN_SERVE_DIR} serve:app --host 0.0.0.0 --port {SKLEARN_SERVE_PORT}"
+    f"exec uvicorn --app-dir {SKLEARN_SERVE_DIR} serve:app --host 0.0.0.0 "
+    f'--port "${{BAI_SERVE_PORT:-{SKLEARN_SERVE_PORT}}}"'
 )
 # Runs in the chroot after the packages are in: train the model, compile the server (the kernel's
 # root is read-only, so Python could not write its bytecode cache at run time).

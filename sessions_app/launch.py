@@ -33,7 +33,14 @@ from bai_common.units import format_amount
 from . import policy as rules
 from . import selectors, service_ports
 from . import slots as slotlib
-from .errors import Conflict, Forbidden, InvalidInput, QuotaExceeded, field_error
+from .errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    PendingLimitReached,
+    QuotaExceeded,
+    field_error,
+)
 from .models import (
     TERMINAL,
     AgentStatus,
@@ -112,8 +119,8 @@ class _Errors:
         if self.fields:
             first, messages = next(iter(self.fields.items()))
             message = messages[0] if first == "non_field_errors" else f"{first}: {messages[0]}"
-            if error is QuotaExceeded:
-                raise QuotaExceeded(messages[0], {"fields": self.fields})
+            if issubclass(error, QuotaExceeded):
+                raise error(messages[0], {"fields": self.fields})
             raise InvalidInput(message, self.fields)
 
 
@@ -150,7 +157,7 @@ def plan_preview(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, str
         return plan, exc.message
     pending = _Errors()
     _check_pending_limit(owner, policy, plan, pending)
-    pending.raise_if_any(QuotaExceeded)
+    pending.raise_if_any(PendingLimitReached)
     return plan, None
 
 
@@ -531,8 +538,10 @@ def _check_quota(owner: AbstractBaseUser, policy: ResourcePolicy | None, plan: L
     """What no amount of waiting can satisfy, and the pending limit (403)."""
     bad = _Errors()
     _check_quota_bounds(policy, plan, bad)
-    _check_pending_limit(owner, policy, plan, bad)
     bad.raise_if_any(QuotaExceeded)
+    pending = _Errors()
+    _check_pending_limit(owner, policy, plan, pending)
+    pending.raise_if_any(PendingLimitReached)
 
 
 def _check_quota_bounds(policy: ResourcePolicy | None, plan: LaunchPlan, bad: _Errors) -> None:
@@ -555,6 +564,14 @@ def _check_quota_bounds(policy: ResourcePolicy | None, plan: LaunchPlan, bad: _E
         )
         if refusal is not None:
             bad("resources", refusal)
+
+
+def check_pending_limit(*, owner: AbstractBaseUser, plan: LaunchPlan) -> None:
+    """The pending limit alone (403): the insert asks again under the owner's lock
+    (``services.lock_owner``), so that launches at once cannot all pass one count."""
+    bad = _Errors()
+    _check_pending_limit(owner, selectors.policy_for_user(user=owner), plan, bad)
+    bad.raise_if_any(PendingLimitReached)
 
 
 def _check_pending_limit(

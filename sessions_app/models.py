@@ -257,6 +257,14 @@ class Image(models.Model):
             "on demand (with $BAI_APP_BIND, $BAI_APP_PORT and $BAI_APP_TOKEN set)."
         ),
     )
+    serve_command = models.TextField(
+        blank=True,
+        max_length=2048,
+        help_text=(
+            "The model server an inference endpoint's replicas run when the endpoint gives no "
+            "start command (it listens on $BAI_SERVE_PORT). Empty: endpoints must give one."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -292,6 +300,14 @@ class ResourcePolicy(models.Model):
     max_folders = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: unlimited.")
     max_folder_bytes = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Bytes over all the user's folders. Empty: unlimited."
+    )
+    # Inference endpoints the user may own at once. Their replicas are sessions of the user
+    # and count against the session limits above like any other.
+    max_endpoints = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Inference endpoints a user may own at once (their replicas count as the "
+        "user's sessions). Empty: unlimited.",
     )
 
     class Meta:

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core import signing
 from django.db import IntegrityError, transaction
@@ -34,7 +35,7 @@ from . import folder_files, live, selectors
 from . import policy as rules
 from . import slots as slotlib
 from .errors import Conflict, NotFound, PayloadTooLarge, QuotaExceeded, field_error
-from .launch import FOLDER_NAME, LaunchPlan, name_conflict, plan_launch
+from .launch import FOLDER_NAME, LaunchPlan, check_pending_limit, name_conflict, plan_launch
 from .models import (
     ACTIVE,
     TERMINAL,
@@ -46,6 +47,7 @@ from .models import (
     KernelRole,
     Session,
     SessionTemplate,
+    SessionType,
     Status,
     derive_session_status,
 )
@@ -66,6 +68,12 @@ def session_create(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> Session:
     plan = plan_launch(owner=owner, spec=spec)
     try:
         with transaction.atomic():
+            if plan.session_type != SessionType.SYSTEM:
+                # Counted again under the owner's lock: launches at once (a user's, and the
+                # serving reconciler's replicas of several endpoints) queue here, and each
+                # counts the pending sessions the ones before it committed.
+                lock_owner(owner)
+                check_pending_limit(owner=owner, plan=plan)
             session = _session_insert(owner=owner, plan=plan)
     except IntegrityError:
         # Checked here rather than before the insert, so that two concurrent
@@ -77,6 +85,12 @@ def session_create(*, owner: AbstractBaseUser, spec: dict[str, Any]) -> Session:
         raise
     logger.info("session %s created by user %s in group %s", session.pk, owner.pk, plan.group.name)
     return session
+
+
+def lock_owner(owner: AbstractBaseUser) -> None:
+    """Lock the user's row until the transaction ends: quota counts and the inserts they
+    allow (sessions, endpoints) run one at a time per user, never on a stale count."""
+    list(get_user_model().objects.select_for_update().filter(pk=owner.pk).values_list("pk"))
 
 
 def _session_insert(*, owner: AbstractBaseUser, plan: LaunchPlan) -> Session:

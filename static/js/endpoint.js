@@ -5,10 +5,12 @@
 // Refreshed every 2 s. Test hooks: window.endpointReady, window.tryResult.
 
 import { api, badge, el, fmtMem, fmtStamp, pageNotices } from "./common.js";
+import { describeRule, ruleFromForm } from "./rules.js";
 
 const $ = (id) => document.getElementById(id);
 const id = JSON.parse($("endpoint-id").textContent);
 let ep = null;
+let scalingTo = null; // the replica count asked with − / +, until the routes reach it
 const charts = {};
 
 const { say, fail } = pageNotices();
@@ -19,7 +21,7 @@ function facts(e) {
     ["Callers", e.open_to_public ? "anyone (no token)" : "with a token of this endpoint"],
     ["Image", el("span.mono", {}, e.image)],
     ["Model folder", e.model_folder ? `${e.model_folder} (read-only)` : "none"],
-    ["Start command", el("code", {}, e.start_command || "the image's default")],
+    ["Start command", startCommand(e)],
     ["Replicas", `${e.replicas} wanted · min ${e.min_replicas} · max ${e.max_replicas}`],
     ["Per replica", `${e.resources.cpu ?? "?"} CPU · ${e.resources.mem === undefined ? "?" : fmtMem(e.resources.mem)} memory · port ${e.port} · health ${e.health_path}`],
     ["Resource group", e.resource_group],
@@ -27,22 +29,33 @@ function facts(e) {
   $("ep-facts").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
 
+function startCommand(e) {
+  if (e.start_command) return el("code", {}, e.start_command);
+  if (!e.effective_start_command) return "none: the image has no serving command of its own";
+  return el("span", {}, el("code", {}, e.effective_start_command), el("span.muted", {}, " (the image's default)"));
+}
+
+// A figure, or "—" alone when there is none (never "— ms").
+function figure(v, { digits = 1, unit = "" } = {}) {
+  if (v === undefined || v === null || Number.isNaN(+v)) return "—";
+  return `${(+v).toFixed(digits)}${unit}`;
+}
+
 function routes(e, snapshot) {
   const per = (snapshot && snapshot.routes) || {};
   $("routes-body").replaceChildren(
     ...e.routes.map((r) => {
       const m = per[r.id] || per[String(r.id)] || {};
-      const num = (v, digits = 1) => (v === undefined || v === null ? "—" : (+v).toFixed(digits));
       return el(
         "tr",
         { dataset: { id: r.id, status: r.status } },
         el("td", {}, `#${r.id}`),
         el("td", {}, r.session_id ? el("a.mono", { href: `/sessions/${r.session_id}/` }, r.session_id.slice(0, 8)) : "—"),
-        el("td", {}, badge(r.status)),
+        el("td", {}, badge(r.status), r.health_reason ? el("span.reason", { "data-role": "health-reason" }, r.health_reason) : null),
         el("td.num", {}, (+r.traffic_ratio).toFixed(2)),
-        el("td.num", {}, num(m.rps)),
-        el("td.num", {}, m.p95_ms === undefined ? "—" : `${num(m.p95_ms)} ms`),
-        el("td.num", {}, m.inflight === undefined ? "—" : String(m.inflight)),
+        el("td.num", {}, figure(m.rps)),
+        el("td.num", { "data-role": "p95" }, figure(m.p95_ms, { unit: " ms" })),
+        el("td.num", {}, figure(m.inflight, { digits: 0 })),
       );
     }),
   );
@@ -94,14 +107,13 @@ function tokens(list) {
 }
 
 function rules(list) {
-  const words = { gt: ">", ge: "≥", lt: "<", le: "≤" };
   $("rules").replaceChildren(
     ...(list.length
       ? list.map((r) =>
           el(
             "li",
             { dataset: { id: r.id } },
-            el("span", {}, `${r.metric} ${words[r.comparator] || r.comparator} ${r.threshold} → ${r.step > 0 ? "+" : ""}${r.step} replica(s), cooldown ${r.cooldown} s, ${r.min_replicas}–${r.max_replicas}`),
+            el("span", {}, describeRule(r)),
             el("button.btn.btn-xs.btn-danger", { type: "button", "data-action": "delete-rule", onclick: () => deleteRule(r) }, "Delete"),
           ),
         )
@@ -128,6 +140,7 @@ async function refresh() {
     $("scale-up").disabled = e.replicas >= e.max_replicas;
     facts(e);
     routes(e, metrics.snapshot);
+    scalingProgress(e);
     drawCharts(metrics.series || []);
     history(events);
     tokens(toks);
@@ -138,13 +151,29 @@ async function refresh() {
   window.endpointReady = true;
 }
 
+// The "Scaling to N" note stays while the routes move, and goes once N replicas serve and no
+// other is starting or ending (or once the count is changed again, by anyone).
+function scalingProgress(e) {
+  if (scalingTo === null) return;
+  const healthy = e.routes.filter((r) => r.status === "HEALTHY").length;
+  const moving = e.routes.filter((r) => ["PROVISIONING", "UNHEALTHY", "TERMINATING"].includes(r.status)).length;
+  if (e.replicas !== scalingTo || (healthy === scalingTo && moving === 0)) {
+    scalingTo = null;
+    $("status").hidden = true;
+    return;
+  }
+  say(`Scaling to ${scalingTo} replica(s): ${healthy} serving.`);
+}
+
 async function scale(delta) {
+  const target = ep.replicas + delta;
   try {
-    await api(`endpoints/${id}/scale/`, { method: "POST", body: { replicas: ep.replicas + delta } });
+    await api(`endpoints/${id}/scale/`, { method: "POST", body: { replicas: target } });
   } catch (err) {
     return fail(err.message);
   }
-  say(`Scaling to ${ep.replicas + delta} replica(s).`);
+  scalingTo = target;
+  say(`Scaling to ${target} replica(s).`);
   refresh();
 }
 
@@ -167,6 +196,20 @@ async function deleteRule(r) {
   }
   refresh();
 }
+
+$("rule-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const rule = ruleFromForm(event.target.elements);
+  $("rule-add").disabled = true;
+  try {
+    await api(`endpoints/${id}/rules/`, { method: "POST", body: rule });
+  } catch (err) {
+    return fail(err.message);
+  } finally {
+    $("rule-add").disabled = false;
+  }
+  refresh();
+});
 
 $("scale-down").addEventListener("click", () => scale(-1));
 $("scale-up").addEventListener("click", () => scale(1));

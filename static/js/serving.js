@@ -4,6 +4,7 @@
 // field errors. Test hooks: window.servingReady, window.endpointCreated (its id).
 
 import { api, badge, el, fmtStamp, parseSize, wireDialog } from "./common.js";
+import { ruleFromForm } from "./rules.js";
 
 const $ = (id) => document.getElementById(id);
 const modal = $("endpoint-modal");
@@ -27,9 +28,16 @@ function row(ep) {
   );
 }
 
+function quota(q) {
+  const limit = (n, what) => (n === null ? `no limit on ${what}` : `at most ${n} ${what}`);
+  $("quota-endpoints").textContent = q.max_endpoints === null ? `${q.endpoint_count}` : `${q.endpoint_count} of ${q.max_endpoints}`;
+  $("quota-replicas").textContent = `Each replica is one of your sessions and counts against your limits: ${limit(q.max_concurrent_sessions, "running")}, ${limit(q.max_pending_sessions, "pending")}.`;
+}
+
 async function load() {
   try {
-    const list = await api("endpoints/");
+    const [list, q] = await Promise.all([api("endpoints/"), api("endpoints/quota/")]);
+    quota(q);
     $("endpoints-body").replaceChildren(...list.map(row));
     $("endpoints-empty").hidden = list.length > 0;
     $("error").hidden = true;
@@ -40,11 +48,25 @@ async function load() {
   window.servingReady = true;
 }
 
+let images = [];
+
+// The start command's hint: the chosen image's serving command, or that one must be given.
+function commandHint() {
+  const image = images.find((i) => i.reference === $("ep-image").value);
+  const serves = image && image.serve_command;
+  $("ep-command").placeholder = serves ? image.serve_command : "required: this image has no serving command of its own";
+  $("ep-command-hint").textContent = serves
+    ? "Empty: the image's own model server, on the port below."
+    : "This image has no model server of its own: give the command that starts yours, listening on the port below ($BAI_SERVE_PORT).";
+}
+
 async function openDialog() {
-  const [images, folders, groups] = await Promise.all([api("images/"), api("folders/"), api("resource-groups/")]);
+  let folders, groups;
+  [images, folders, groups] = await Promise.all([api("images/"), api("folders/"), api("resource-groups/")]);
   $("ep-image").replaceChildren(...images.map((i) => el("option", { value: i.reference }, i.display_name ? `${i.display_name} (${i.reference})` : i.reference)));
-  const serve = images.find((i) => /serve/.test(i.reference));
+  const serve = images.find((i) => i.serve_command) || images.find((i) => /serve/.test(i.reference));
   if (serve) $("ep-image").value = serve.reference;
+  commandHint();
   $("ep-folder").replaceChildren(el("option", { value: "" }, "none"), ...folders.map((f) => el("option", { value: f.id }, f.permission === "owner" ? f.name : `${f.owner}/${f.name}`)));
   $("ep-group").replaceChildren(...groups.map((g) => el("option", { value: g.name }, g.name)));
   $("endpoint-error").hidden = true;
@@ -69,17 +91,8 @@ function body() {
     open_to_public: f.open_to_public.checked,
   };
   if (f.start_command.value.trim()) out.start_command = f.start_command.value.trim();
-  if (f.rule_metric.value) {
-    out.rules = [{
-      metric: f.rule_metric.value,
-      comparator: f.rule_comparator.value,
-      threshold: num("rule_threshold"),
-      step: num("rule_step"),
-      cooldown: num("rule_cooldown"),
-      min_replicas: out.min_replicas,
-      max_replicas: out.max_replicas,
-    }];
-  }
+  const rule = ruleFromForm(f, { min_replicas: out.min_replicas, max_replicas: out.max_replicas });
+  if (rule) out.rules = [rule];
   return out;
 }
 
@@ -99,6 +112,7 @@ form.addEventListener("submit", async (event) => {
   }
 });
 
+$("ep-image").addEventListener("change", commandHint);
 $("endpoint-new").addEventListener("click", () => openDialog().catch((err) => { $("error").textContent = err.message; $("error").hidden = false; }));
 if (new URLSearchParams(location.search).has("new")) openDialog();
 load();

@@ -37,6 +37,7 @@ from serving_app import metrics, reconcile
 from serving_app.models import Endpoint, EndpointEvent, Route
 from sessions_app import kernel_images
 from sessions_app import services as session_services
+from sessions_app.management.commands.build_kernel_images import IMAGE_INFO
 from sessions_app.models import Agent, AgentStatus, Image, Session
 from tests.conftest import skip_or_fail
 from tests.docker.test_apps_proxy import _api
@@ -60,7 +61,11 @@ def model_image(engine):  # noqa: F811
                 "(python manage.py build_kernel_images --only sklearn-serve)"
             )
         kernel_images.build_sklearn_serve(client=engine)
-    Image.objects.update_or_create(reference=kernel_images.SKLEARN_SERVE_IMAGE)
+    # Registered as build_kernel_images registers it (with its default serving command).
+    Image.objects.update_or_create(
+        reference=kernel_images.SKLEARN_SERVE_IMAGE,
+        defaults=IMAGE_INFO[kernel_images.SKLEARN_SERVE_IMAGE],
+    )
     return kernel_images.SKLEARN_SERVE_IMAGE
 
 
@@ -195,6 +200,10 @@ def test_an_endpoint_serves_spreads_heals_scales_and_wakes_from_zero(
 
             # 1. Two HEALTHY replicas, and /predict answers through the router.
             wait_for(lambda: len(_routes(iris, "HEALTHY")) == 2, timeout=90, what="2 healthy")
+            # The status follows the routes at the end of the same reconciler pass.
+            wait_for(
+                lambda: Endpoint.objects.get(pk=iris).status == "READY", what="the status READY"
+            )
             status, detail = _api(live_system, alice_api, "GET", f"/api/v1/endpoints/{iris}/")
             assert detail["status"] == "READY", detail
             assert detail["url"].endswith("/serve/iris/")
@@ -419,3 +428,92 @@ def _gone(engine, session_ids, timeout=30):  # noqa: F811
             container.remove(force=True)
         except NotFound:
             pass  # the agent was quicker
+
+
+def test_the_model_image_serves_with_no_start_command_and_a_silent_replica_says_so(
+    engine,  # noqa: F811
+    model_image,
+    live_system,
+    make_agent,
+    make_token,
+    alice,
+    settings,
+):
+    """An endpoint of the model image with no start command runs the image's default server on
+    the endpoint's port and turns READY; one whose command listens on nothing shows "nothing
+    listens on port N" on its route (and in its status) at the first health check; an image
+    with no default serving command is refused an empty command."""
+    from backendai_web.env import persistent_secret
+
+    settings.SECRET_KEY = persistent_secret(live_system.tmp_path / "var" / "secret_key")
+    settings.BAI_APPS_TUNNEL_URL = f"ws://127.0.0.1:{live_system.apps_port}"
+    live_system.start_apps()
+    live_system.start_agent(
+        make_agent("node-a", cpu="4", mem=8 * 2**30), "--cpu", "4", "--mem", "8g"
+    )
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    Image.objects.get_or_create(reference=kernel_images.MINIMAL_IMAGE)
+    token = make_token(alice)
+    base = {"health_interval": 1, "resources": {"cpu": "1", "mem": "512m"}, "replicas": 1}
+
+    status, body = _api(
+        live_system,
+        token,
+        "POST",
+        "/api/v1/endpoints/",
+        {**base, "name": "bare", "image": kernel_images.MINIMAL_IMAGE, "start_command": " "},
+    )
+    assert status == 400, body
+    assert list(body["extra"]["fields"]) == ["start_command"]
+    assert "has no default serving command" in body["message"]
+    assert not Endpoint.objects.filter(name="bare").exists()
+
+    created = []
+    try:
+        with Reconciler() as reconciler:
+            status, default = _api(
+                live_system,
+                token,
+                "POST",
+                "/api/v1/endpoints/",
+                {**base, "name": "default", "image": model_image, "port": 8123},
+            )
+            assert status == 201, default
+            created.append(default["id"])
+            assert default["start_command"] == ""
+            assert default["effective_start_command"] == kernel_images.SKLEARN_SERVE_COMMAND
+            status, silent = _api(
+                live_system,
+                token,
+                "POST",
+                "/api/v1/endpoints/",
+                {**base, "name": "silent", "image": model_image, "start_command": "sleep 600"},
+            )
+            assert status == 201, silent
+            created.append(silent["id"])
+
+            def silent_reason():
+                status, detail = _api(
+                    live_system, token, "GET", f"/api/v1/endpoints/{silent['id']}/"
+                )
+                routes = detail["routes"]
+                # The route's reason, then (at the end of the same pass) the endpoint's.
+                said = routes and "nothing listens" in detail["status_reason"]
+                return said and (detail, routes[0])
+
+            detail, route = wait_for(silent_reason, timeout=90, what="the silent route's reason")
+            assert route["status"] == "PROVISIONING"
+            assert route["health_reason"].startswith("nothing listens on port 8000"), route
+            assert "nothing listens on port 8000" in detail["status_reason"], detail
+            wait_for(
+                lambda: Endpoint.objects.get(pk=default["id"]).status == "READY",
+                timeout=120,
+                what="the default command serves (READY)",
+            )
+            assert len(_routes(default["id"], "HEALTHY")) == 1
+            assert reconciler.errors == []
+    finally:
+        replica_sessions = [str(pk) for pk in Route.objects.values_list("session_id", flat=True)]
+        for endpoint_id in created:
+            _api(live_system, token, "DELETE", f"/api/v1/endpoints/{endpoint_id}/")
+        _gone(engine, set(replica_sessions))

@@ -1,5 +1,6 @@
 """The Serving page in a real browser, against a real agent and the real model image:
-deploy the iris classifier from the dialog (a bad name refused first), watch its replica
+deploy the iris classifier from the dialog with no start command (the model image serves
+with its own; a bad name refused first), watch its replica
 turn HEALTHY on the endpoint's page, make a token, and call ``/predict`` through the
 router from the "try it" box; bob cannot see the endpoint.
 
@@ -65,10 +66,12 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
         docker_client.images.get(kernel_images.SKLEARN_SERVE_IMAGE)
     except Exception:  # noqa: BLE001
         skip_or_fail("the model image is missing (manage.py build_kernel_images)")
+    from sessions_app.management.commands.build_kernel_images import IMAGE_INFO
+
     _orm(
-        Image.objects.get_or_create,
+        Image.objects.update_or_create,
         reference=kernel_images.SKLEARN_SERVE_IMAGE,
-        defaults={"display_name": "Iris classifier"},
+        defaults=IMAGE_INFO[kernel_images.SKLEARN_SERVE_IMAGE],
     )
     # The reconciler runs here: it signs its health probes as the apps proxy expects.
     from backendai_web.env import persistent_secret
@@ -83,7 +86,11 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
     page.click("#endpoint-new")
     page.fill('#endpoint-form [name="name"]', "Not a slug!")
     page.select_option("#ep-image", kernel_images.SKLEARN_SERVE_IMAGE)
-    page.fill('#endpoint-form [name="start_command"]', kernel_images.SKLEARN_SERVE_COMMAND)
+    # No start command: the model image serves with its own (the dialog says so).
+    assert "the image's own model server" in page.inner_text("#ep-command-hint")
+    page.select_option("#ep-image", "bai-kernel/minimal:1")
+    assert "has no model server of its own" in page.inner_text("#ep-command-hint")
+    page.select_option("#ep-image", kernel_images.SKLEARN_SERVE_IMAGE)
     page.fill('#endpoint-form [name="cpu"]', "0.5")
     page.fill('#endpoint-form [name="mem"]', "512m")
     page.fill('#endpoint-form [name="max_replicas"]', "2")
@@ -106,6 +113,7 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
         "() => document.querySelector('#ep-badge').textContent.includes('READY')"
     )
     assert "/serve/iris/" in page.inner_text('[data-role="url"]')
+    assert "(the image's default)" in page.inner_text("#ep-facts")
     assert page.locator("#history li").count() >= 1
 
     page.click("#token-create")

@@ -168,6 +168,7 @@ def test_anonymous_callers_are_refused_everywhere(api, make_endpoint):
     for method, path, body in _paths(endpoint.pk, 1, 1):
         response = getattr(api(), method)(path, body, format="json")
         assert response.status_code in (401, 403), (method, path)
+    assert api().get("/api/v1/endpoints/quota/").status_code in (401, 403)
 
 
 def test_an_admin_sees_and_manages_alices_endpoint(api, admin, make_endpoint):
@@ -342,6 +343,7 @@ def test_the_schema_documents_every_endpoint_operation(client):
     document = json.loads(client.get("/api/schema/?format=json").content)
     for path in (
         "/api/v1/endpoints/",
+        "/api/v1/endpoints/quota/",
         "/api/v1/endpoints/{endpoint_id}/",
         "/api/v1/endpoints/{endpoint_id}/scale/",
         "/api/v1/endpoints/{endpoint_id}/routes/",
@@ -356,3 +358,50 @@ def test_the_schema_documents_every_endpoint_operation(client):
         for operation in document["paths"][path].values():
             if "{" in path:
                 assert "404" in operation["responses"], path
+
+
+def test_an_empty_start_command_is_refused_where_the_image_has_no_serving_command(
+    api, alice, endpoint_data
+):
+    for empty in ({"start_command": ""}, {"start_command": "   "}, {}):
+        data = {k: v for k, v in endpoint_data.items() if k != "start_command"}
+        response = api(alice).post("/api/v1/endpoints/", {**data, **empty}, format="json")
+        assert response.status_code == 400, response.json()
+        body = response.json()
+        assert list(body["extra"]["fields"]) == ["start_command"]
+        assert body["message"] == (
+            "start_command: image bai-kernel/minimal:1 has no default serving command: give the "
+            "command that starts your model server, listening on port 8000 ($BAI_SERVE_PORT)"
+        )
+    assert not Endpoint.objects.exists()
+
+
+def test_with_no_start_command_replicas_run_the_images_serving_command(
+    api, alice, image, endpoint_data
+):
+    from serving_app import reconcile
+    from sessions_app.models import Session
+
+    image.serve_command = 'exec serve --port "$BAI_SERVE_PORT"'
+    image.save()
+    data = {k: v for k, v in endpoint_data.items() if k != "start_command"}
+    response = api(alice).post("/api/v1/endpoints/", {**data, "port": 8123}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["start_command"] == ""
+    assert body["effective_start_command"] == 'exec serve --port "$BAI_SERVE_PORT"'
+    reconcile.reconcile_endpoint(body["id"])
+    sessions = Session.objects.filter(session_type="inference")
+    assert sessions.count() == 2
+    for session in sessions:
+        assert session.startup_command == 'exec serve --port "$BAI_SERVE_PORT"'
+        assert session.environ["BAI_SERVE_PORT"] == "8123"
+    # The image loses its command: no replica starts without one, and the route says why.
+    image.serve_command = ""
+    image.save()
+    response = api(alice).patch(f"/api/v1/endpoints/{body['id']}/", {"replicas": 3}, format="json")
+    assert response.status_code == 200
+    reconcile.reconcile_endpoint(body["id"])
+    failed = Endpoint.objects.get(pk=body["id"]).routes.filter(status="FAILED_TO_START").first()
+    assert failed is not None and "has no default serving command" in failed.health_reason
+    assert sessions.count() == 2

@@ -178,10 +178,12 @@ def test_failed_starts_are_retried_a_bounded_number_of_times_then_degraded(make_
 
 
 def test_a_launch_the_quota_refuses_is_a_failed_start_with_the_reason(make_endpoint, settings):
+    """A replica past what the policy ever allows fails (the pending limit only makes it
+    wait: tests/serving/test_quota.py)."""
     from sessions_app.models import ResourcePolicy
 
-    endpoint = make_endpoint(replicas=1)
-    ResourcePolicy.objects.filter(is_default=True).update(max_pending_sessions=0)
+    endpoint = make_endpoint(replicas=1, resources={"cpu": "2"})
+    ResourcePolicy.objects.filter(is_default=True).update(total_resource_slots={"cpu": "1"})
     (route,) = _run(endpoint)
     assert route.status == "FAILED_TO_START"
     assert "could not start replica" in _messages(endpoint, "failure")[0]

@@ -171,7 +171,12 @@ class Serving:
             image=self.image,
             resource_group=self.group,
             replicas=wanted,
-            **{"status": "READY" if replicas else "PROVISIONING", "open_to_public": True, **fields},
+            **{
+                "status": "READY" if replicas else "PROVISIONING",
+                "open_to_public": True,
+                "start_command": "python3 -m http.server 8000",
+                **fields,
+            },
         )
         for replica in replicas:
             port, ratio = replica if isinstance(replica, tuple) else (replica, 1.0)

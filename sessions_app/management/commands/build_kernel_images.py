@@ -30,9 +30,10 @@ IMAGE_INFO = {
     images.SKLEARN_SERVE_IMAGE: {
         "display_name": "Iris classifier (scikit-learn + FastAPI, Debian bookworm)",
         "description": (
-            "A model server for inference endpoints: POST /predict, GET /health on port "
-            f"{images.SKLEARN_SERVE_PORT}. Start command: {images.SKLEARN_SERVE_COMMAND}"
+            "A model server for inference endpoints: POST /predict, GET /health on the "
+            "endpoint's port; it serves with no start command."
         ),
+        "serve_command": images.SKLEARN_SERVE_COMMAND,
         "min_slots": {"cpu": "0.25", "mem": str(256 * 2**20)},
     },
 }

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sessions_app', '0011_serving_image_serve_command'),
+        ('sessions_app', '0013_serving_image_serve_command'),
     ]
 
     operations = [

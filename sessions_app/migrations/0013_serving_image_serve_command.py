@@ -20,7 +20,7 @@ def give_the_model_image_its_command(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sessions_app', '0010_sftp_published_port'),
+        ('sessions_app', '0012_quotas_folder_measured_usage'),
     ]
 
     operations = [

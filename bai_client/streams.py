@@ -16,8 +16,6 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from .output import write
-
 MAX_FRAME = 16 * 2**20
 # Without --follow, a live log is read until it has been quiet for LOG_QUIET
 # (the container's backlog comes first, in a burst), for at most BACKLOG_WINDOW
@@ -113,20 +111,21 @@ class Outcome:
 
 def show_record(record: dict[str, Any], out: Any = None, err: Any = None) -> None:
     """One output record as a terminal shows it: streams to their own, results
-    and displays as text (an image only as a note on stderr); colours only on a
-    terminal and without NO_COLOR (``output.write``)."""
+    and displays as text (an image only as a note on stderr)."""
     out, err = out or sys.stdout, err or sys.stderr
     kind, data, mime = record.get("kind"), record.get("data") or "", record.get("mime")
     if kind == "stdout":
-        write(data, out)
+        out.write(data)
     elif kind == "stderr":
-        write(data, err)
+        err.write(data)
     elif kind in ("result", "display") and mime and mime.startswith("image/png"):
-        write(f"[{mime} output of {len(data) * 3 // 4} bytes, not shown]\n", err)
+        err.write(f"[{mime} output of {len(data) * 3 // 4} bytes, not shown]\n")
     elif kind in ("result", "display"):
-        write(data if data.endswith("\n") else data + "\n", out)
-    else:  # error (a traceback, coloured by the kernel), notice
-        write(data if data.endswith("\n") else data + "\n", err)
+        out.write(data if data.endswith("\n") else data + "\n")
+    else:  # error (a traceback), notice
+        err.write(data if data.endswith("\n") else data + "\n")
+    out.flush()
+    err.flush()
 
 
 class _StdinLines:

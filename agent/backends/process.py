@@ -214,11 +214,11 @@ class ProcessBackend(Backend):
         # Kernels reach their homes below it, and see nothing else in it.
         self.work_dir.chmod(0o711)
         make_non_dumpable()
-        self.sandbox_problem = sandbox.problem()
+        self.sandbox_problem = sandbox.problem() or (
+            self._check_reachable() if self.isolated else None
+        )
         if self.sandbox_problem:
             log.error("this agent runs no process kernel: %s", self.sandbox_problem)
-        if self.isolated:
-            self._check_reachable()
         try:
             document = json.loads(self.state_path.read_text())
             saved = document["kernels"]
@@ -295,18 +295,17 @@ class ProcessBackend(Backend):
         base.update({"HOME": str(kdir), "PWD": str(kdir), "TMPDIR": str(kdir / ".tmp")})
         return base
 
-    def _check_reachable(self) -> None:
-        """Kernels find their homes by path: warn if a parent of the work dir stops them."""
+    def _check_reachable(self) -> str | None:
+        """Why a kernel's uid cannot reach its home by path (bubblewrap, running as that
+        uid, binds it from there), or None when it can."""
         for parent in self.work_dir.parents:
             with contextlib.suppress(OSError):
                 if not parent.stat().st_mode & 0o001:
-                    log.warning(
-                        "%s is not searchable by other users: process kernels cannot reach"
-                        " their homes under %s by path (chmod o+x it)",
-                        parent,
-                        self.work_dir,
+                    return (
+                        f"{parent} is not searchable by other users: process kernels cannot"
+                        f" reach their homes under {self.work_dir} (chmod o+x it)"
                     )
-                    return
+        return None
 
     def _allocate_uid(self) -> tuple[int, int]:
         """A uid no live kernel and no account has, and the kernels' shared group."""
@@ -358,6 +357,7 @@ class ProcessBackend(Backend):
         if kspec.get("startup_command"):
             command.append(kspec["startup_command"])
         netns = sandbox.ensure_netns(self.netns_dir / session_id)
+        binds = sandbox.open_binds([kdir, exit_path, *folders.values()], self._runner_paths())
         info_r, info_w = os.pipe()
         argv = sandbox.kernel_argv(
             netns=netns,
@@ -365,8 +365,7 @@ class ProcessBackend(Backend):
             gid=gid,
             hostname=hostname,
             home=kdir,
-            writable=[exit_path, *folders.values()],
-            readable=self._runner_paths(),
+            binds=binds,
             info_fd=info_w,
             command=command,
         )
@@ -383,12 +382,13 @@ class ProcessBackend(Backend):
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
-                    pass_fds=(info_w,),
+                    pass_fds=(info_w, *(fd for fd, _, _ in binds)),
                     umask=KERNEL_UMASK,
                     preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
                 )
         finally:
             os.close(info_w)
+            sandbox.close_binds(binds)
         try:
             sandbox_pid = sandbox.read_sandbox_pid(info_r)
         except OSError:

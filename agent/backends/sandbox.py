@@ -161,6 +161,26 @@ def _system_binds() -> list[str]:
     return args
 
 
+def open_binds(writable: Iterable[Path], readable: Iterable[Path]) -> list[tuple[int, Path, bool]]:
+    """Each path opened by the agent (``O_PATH``), to be bound at its own path in a
+    sandbox: bwrap, running as the kernel's uid, needs no right on the way to it."""
+    binds: list[tuple[int, Path, bool]] = []
+    try:
+        for paths, rw in ((writable, True), (readable, False)):
+            for path in paths:
+                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+                binds.append((fd, Path(path), rw))
+    except OSError:
+        close_binds(binds)
+        raise
+    return binds
+
+
+def close_binds(binds: Iterable[tuple[int, Path, bool]]) -> None:
+    for fd, _, _ in binds:
+        os.close(fd)
+
+
 def kernel_argv(
     *,
     netns: Path,
@@ -168,22 +188,19 @@ def kernel_argv(
     gid: int | None,
     hostname: str,
     home: Path,
-    writable: Iterable[Path],
-    readable: Iterable[Path],
+    binds: Iterable[tuple[int, Path, bool]],
     info_fd: int,
     command: list[str],
 ) -> list[str]:
     """The command line of a kernel's first process: in the session's network, as the
-    kernel's uid, in a bubblewrap sandbox that shows ``home`` and ``writable`` read-write
-    and ``readable`` read-only, each at its own path."""
+    kernel's uid, in a bubblewrap sandbox that shows the system read-only and each of
+    ``binds`` (from :func:`open_binds`: the home, the data folders…) at its own path."""
     argv = ["nsenter", f"--net={netns}", *_as_user(uid, gid), "--", "bwrap"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     argv += ["--hostname", hostname, *_system_binds()]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
-    for path in readable:
-        argv += ["--ro-bind", str(path), str(path)]
-    for path in [home, *writable]:
-        argv += ["--bind", str(path), str(path)]
+    for fd, path, rw in binds:  # bwrap closes each fd once bound
+        argv += ["--bind-fd" if rw else "--ro-bind-fd", str(fd), str(path)]
     argv += ["--chdir", str(home), "--info-fd", str(info_fd), "--", *command]
     return argv
 

@@ -63,6 +63,8 @@ async def daemon():
     task = asyncio.create_task(agent.run())
     await asyncio.wait_for(agent.registered.wait(), 10)
     yield agent, manager
+    kernels = await backend.list_kernels()
+    await backend.destroy_kernels([k.kernel_id for k in kernels], "test over")
     agent.stop()
     assert await asyncio.wait_for(task, 20) == EXIT_OK
     await manager.stop()

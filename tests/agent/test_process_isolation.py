@@ -111,6 +111,12 @@ async def test_a_kernel_reaches_no_service_on_the_hosts_loopback(backend, frames
     lines = out.split("\n")
     for port in ("6379", "5432", str(daphne)):
         assert f"{port} refused ConnectionRefusedError" in lines, out
+    # Nor their unix sockets (PostgreSQL's, Docker's) on the node.
+    sockets = (
+        "/run/postgresql/.s.PGSQL.5432 /var/run/postgresql /run/docker.sock /var/run/docker.sock"
+    )
+    out = await _run(backend, frames, f"ls -d {sockets} 2>/dev/null | wc -l")
+    assert out.strip() == "0", out
 
 
 @pytest.mark.asyncio
@@ -200,3 +206,15 @@ async def test_an_ended_session_leaves_no_network_behind(backend, frames, config
     assert not netns.exists()
     with pytest.raises(KernelError):
         await backend.open_service(s["session_id"], 18080, 65536)
+
+
+def test_the_agent_says_why_it_cannot_isolate_kernels(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "needs an agent running as root" in sandbox.problem()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real_which = sandbox.shutil.which
+    monkeypatch.setattr(
+        sandbox.shutil, "which", lambda name: None if name == "bwrap" else real_which(name)
+    )
+    problem = sandbox.problem()
+    assert "lacks bwrap (bubblewrap)" in problem and "apt-get install bubblewrap" in problem

@@ -1,27 +1,29 @@
-"""Kernels as native process groups: the fallback when no Docker engine answers.
+"""Kernels as native processes, each in a bubblewrap sandbox: the fallback when no Docker
+engine answers.
 
-Each kernel is a process group (``start_new_session``) running in its own home,
-``<work-dir>/<session_id>/<hostname>/`` (mode 0700), with a clean environment (the
-session's variables, ``PATH``, the locale, ``HOME``; nothing of the agent's, never its
-token); data folders are symlinked into it by name. Output goes to a log file beside
-it, which only the agent can read.
+Each kernel runs in namespaces of its own (``agent/backends/sandbox.py``): the session's
+network namespace (loopback only, shared by the session's kernels), and its own mount, PID,
+IPC and UTS namespaces, where it sees the system read-only, its home
+``<work-dir>/<session_id>/<hostname>/`` (mode 0700), its data folders (linked into the home
+by name) and nothing else of the node. Its environment is clean (the session's variables,
+``PATH``, the locale, ``HOME``; nothing of the agent's, never its token). Output goes to a
+log file beside the home, which only the agent can read. The agent reaches its ports from
+inside the session's network, and starts runners, shells and apps inside its namespaces.
 
-Who a kernel runs as: an agent running as root gives every kernel a uid of its own,
-``--kernel-uid-base`` + n, in the shared group ``--kernel-uid-base`` (data folders are
-group-writable for it, mode 2770): a kernel cannot read the agent's files (its token,
-its state), other kernels' homes, or signal their processes; destroying a kernel kills
-every process of its uid, even those that left its process group. An agent that is not
-root cannot change uids: its kernels run as itself, and are isolated from nothing but
-its token (the agent makes itself non-dumpable, so its environment and memory cannot
-be read through /proc). Docker is the backend for nodes shared between users.
+Who a kernel runs as: the agent must be root (and have ``bwrap``), else it refuses every
+kernel and says why. Each kernel gets a uid of its own, ``--kernel-uid-base`` + n, in the
+shared group ``--kernel-uid-base``: it cannot read the agent's files (its token, its state)
+or signal other kernels' processes; destroying a kernel kills every process of its uid, even
+those that left its process group, and its PID namespace.
 
 Limits (``setrlimit``, per process, inherited by what it starts, and not raisable):
 address space = the kernel's memory slot, open files, processes (per uid, so per
 kernel), file size, no core dumps. A CPU slot is a rate, and no rlimit expresses one
 (``RLIMIT_CPU`` is a lifetime budget), so the process backend does not enforce it.
 
-A state file in the work dir lists the kernels (pid, process start time, paths), so a
-restarted agent adopts the processes that still live and reports the others as ended.
+A state file in the work dir lists the kernels (pid, sandbox pid, process start time,
+paths), so a restarted agent adopts the processes that still live and reports the others
+as ended; the session's network namespace outlives the agent in its bind-mounted file.
 """
 
 from __future__ import annotations

@@ -535,6 +535,14 @@ class ProcessBackend(Backend):
                 if not state.tail_sent:
                     self.keep_tail(state, self._read_tail(state))
                 await asyncio.to_thread(self._remove_files, info)
+            else:  # it never started: what its start left (home, log, the session's network)
+                sdir = self.work_dir / state.session_id
+                left = {
+                    "dir": str(sdir / state.hostname),
+                    "log": str(sdir / f".{state.hostname}.log"),
+                }
+                if "/" not in state.session_id + state.hostname:
+                    await asyncio.to_thread(self._remove_files, left)
             self.set_status(state, protocol.KR_GONE, reason=reason)
             self.bury(kernel_id)
             self._save()

@@ -218,3 +218,21 @@ def test_the_agent_says_why_it_cannot_isolate_kernels(monkeypatch):
     )
     problem = sandbox.problem()
     assert "lacks bwrap (bubblewrap)" in problem and "apt-get install bubblewrap" in problem
+
+
+@pytest.mark.asyncio
+async def test_a_kernel_whose_sandbox_fails_leaves_nothing_once_destroyed(
+    backend, frames, config, monkeypatch
+):
+    # A sandbox that cannot start (a bind source that is gone, say): the kernel says so.
+    monkeypatch.setattr(
+        sandbox, "kernel_argv", lambda **kw: ["/bin/sh", "-c", "echo no sandbox >&2; exit 1"]
+    )
+    s = spec(command="true")
+    await backend.create_kernels(s)
+    err = await frames.wait_for(kernel_id=s["session_id"], status="error")
+    assert "sandbox did not start" in err["reason"]
+    await backend.destroy_kernels([s["session_id"]], "done")
+    await frames.wait_for(kernel_id=s["session_id"], status="gone")
+    assert not (config.work_dir / s["session_id"]).exists()
+    assert not (config.work_dir / ".netns" / s["session_id"]).exists()

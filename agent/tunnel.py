@@ -1,7 +1,8 @@
 """One proxied connection to a kernel's service port (``tunnel_open``).
 
 The agent connects to the port (the container's address on its session bridge, or
-loopback for the process backend), then dials the apps proxy with a websocket of its
+the loopback of the session's own network namespace for the process backend, never the
+host's: ``Backend.open_service``), then dials the apps proxy with a websocket of its
 own for this one connection, and carries bytes both ways in binary frames. Nothing
 of it passes through the manager's channel layer. Each direction holds at most one
 read (64 KiB) in flight: it reads again only once the other side took the last
@@ -30,9 +31,11 @@ CONNECT_TIMEOUT = 3.0
 APP_START_TIMEOUT = 60.0  # how long a started app may take to listen
 
 
-async def _dial(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _dial(
+    backend: Backend, kernel_id: str, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.wait_for(
-        asyncio.open_connection(host, port, limit=CHUNK), timeout=CONNECT_TIMEOUT
+        backend.open_service(kernel_id, port, CHUNK), timeout=CONNECT_TIMEOUT
     )
 
 
@@ -40,7 +43,7 @@ async def _reach(backend: Backend, msg: dict[str, Any]) -> tuple[Any, Any]:
     """Connect to the kernel's port, starting its app first when nothing listens."""
     host, port = await backend.service_address(msg["kernel_id"], msg["port"])
     try:
-        return await _dial(host, port)
+        return await _dial(backend, msg["kernel_id"], port)
     except (OSError, TimeoutError):
         if not msg.get("start_command"):
             raise KernelError(f"nothing listens on port {port} of the kernel") from None
@@ -57,7 +60,7 @@ async def _reach(backend: Backend, msg: dict[str, Any]) -> tuple[Any, Any]:
     delay = 0.05
     while True:
         try:
-            return await _dial(host, port)
+            return await _dial(backend, msg["kernel_id"], port)
         except (OSError, TimeoutError):
             if time.monotonic() > deadline:
                 raise KernelError(

@@ -109,3 +109,11 @@ def persistent_secret(path: Path) -> str:
             f"{path} holds no usable secret key: delete it to make a new one"
         )
     return secret
+
+
+def redis_password(url: str) -> str:
+    """The password a Redis URL carries (``redis://:PASSWORD@host``, or ``?password=``)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    return parts.password or (parse_qs(parts.query).get("password") or [""])[0]

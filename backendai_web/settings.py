@@ -19,7 +19,15 @@ from django.core.exceptions import ImproperlyConfigured
 
 from agent import protocol
 
-from .env import env_bool, env_float, env_int, env_list, env_str, persistent_secret
+from .env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    persistent_secret,
+    redis_password,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BAI_VAR_DIR", str(BASE_DIR / "var")))
@@ -192,7 +200,15 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("BAI_MAX_BODY_BYTES", 256 * 1024, minimum=
 # JSON bodies nested deeper than this are refused with 400 before anything parses them.
 BAI_MAX_JSON_DEPTH = env_int("BAI_MAX_JSON_DEPTH", 64, minimum=2)
 
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_str("REDIS_URL", "" if PRODUCTION else "redis://127.0.0.1:6379/0")
+# Redis carries the channel layer (what agents are told to run) and the broker: in
+# production it must ask for a password (redis://:PASSWORD@host:port/0). The run
+# command's embedded Redis has one, made once into var/redis_password.
+if PRODUCTION and not redis_password(REDIS_URL):
+    raise ImproperlyConfigured(
+        "REDIS_URL must be set and carry a password (redis://:PASSWORD@HOST:PORT/0)"
+        " when BAI_PRODUCTION=true"
+    )
 CHANNEL_LAYERS = {
     "default": {
         # The pub/sub layer: one hop p50 ~0.24 ms against ~1.5 ms for the

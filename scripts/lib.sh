@@ -88,17 +88,45 @@ ensure_postgres() {
   export DATABASE_URL="postgres://bai:bai@127.0.0.1:5432/bai"
 }
 
+redis_password() {
+  # The password of the Redis this checkout starts itself, made once into var/ (0600),
+  # like the secret key: printed, never put on a command line.
+  local file="$VAR/redis_password"
+  if [ ! -s "$file" ]; then
+    (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$file.$$" && mv "$file.$$" "$file")
+  fi
+  chmod 600 "$file"
+  cat "$file"
+}
+
+redis_answers() { # redis_answers PORT PASSWORD: whether a Redis there asks for this password
+  redis-cli -h 127.0.0.1 -p "$1" ping 2>&1 | grep -q NOAUTH \
+    && REDISCLI_AUTH="$2" redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG
+}
+
 ensure_redis() {
-  # Uses $REDIS_URL when set; else a local redis-server (installed and started if needed).
+  # Uses $REDIS_URL when set (a Redis someone else runs: left alone as it is). Else a local
+  # redis-server that asks for the password in var/redis_password, on $BAI_TEST_REDIS_PORT
+  # (6379), or on a free port when another Redis, not ours, already holds that one.
   if [ -n "${REDIS_URL:-}" ]; then return 0; fi
   apt_install redis-server redis-server
-  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-    say "starting Redis"
-    redis-server --port 6379 --bind 127.0.0.1 --daemonize yes --save "" --appendonly no \
-      --logfile "$VAR/redis.log" >/dev/null
-    for _ in $(seq 1 50); do redis-cli -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
+  local password port="${BAI_TEST_REDIS_PORT:-6379}"
+  password="$(redis_password)"
+  if ! redis_answers "$port" "$password"; then
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+      say "another Redis holds 127.0.0.1:${BAI_TEST_REDIS_PORT:-6379}: starting ours on $port"
+    fi
   fi
-  export REDIS_URL="redis://127.0.0.1:6379/0"
+  if ! redis_answers "$port" "$password"; then
+    say "starting Redis on 127.0.0.1:$port (password in var/redis_password)"
+    # The password goes in on stdin as a config line, never on the command line.
+    printf 'requirepass %s\n' "$password" | redis-server - --port "$port" --bind 127.0.0.1 \
+      --daemonize yes --save "" --appendonly no --logfile "$VAR/redis-$port.log" >/dev/null
+    for _ in $(seq 1 50); do redis_answers "$port" "$password" && break; sleep 0.1; done
+    redis_answers "$port" "$password" || die "Redis did not start (see var/redis-$port.log)"
+  fi
+  export REDIS_URL="redis://:$password@127.0.0.1:$port/0"
 }
 
 docker_ready() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
@@ -118,3 +146,6 @@ ensure_image_tools() { apt_install debootstrap debootstrap; apt_install /bin/bus
 # OpenSSH's sftp and scp: the SFTP session tests drive our server with the standard client.
 ensure_ssh_client() { apt_install /usr/bin/sftp openssh-client; apt_install /usr/bin/scp openssh-client; }
 ensure_haproxy() { apt_install haproxy haproxy; }
+# Process kernels run in bubblewrap sandboxes (agent/backends/sandbox.py); nsenter and
+# unshare come with util-linux.
+ensure_bwrap() { apt_install bwrap bubblewrap; apt_install nsenter util-linux; }

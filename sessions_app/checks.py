@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from backendai_web.env import redis_password
+
 
 @register()
 def storage_root_check(app_configs: Any, **kwargs: Any) -> list[Any]:
@@ -24,6 +26,16 @@ def production_check(app_configs: Any, **kwargs: Any) -> list[Any]:
             Warning(
                 "SQLite is the embedded default; use PostgreSQL (DATABASE_URL) in production.",
                 id="bai.W001",
+            )
+        )
+    if not redis_password(settings.REDIS_URL):
+        problems.append(
+            Error(
+                "REDIS_URL carries no password: anything that reaches the Redis can drive"
+                " the agents through the channel layer.",
+                hint="Give Redis a password (requirepass) and put it in REDIS_URL as"
+                " redis://:PASSWORD@HOST:PORT/0.",
+                id="bai.E002",
             )
         )
     if "127.0.0.1" in settings.REDIS_URL or "localhost" in settings.REDIS_URL:

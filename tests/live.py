@@ -12,10 +12,12 @@ prefix of its own, and the agent timings.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -77,6 +79,7 @@ def server_environment(settings: Any, **extra: str) -> dict[str, str]:
 class LiveSystem:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
+        self.process_work_dirs: list[Path] = []
         self.server: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.apps_port = 0
@@ -171,6 +174,12 @@ class LiveSystem:
         from django.conf import settings
 
         work_dir = self.tmp_path / f"agent-{agent.pk}"
+        if backend == "process":
+            # Process kernels run as uids of their own, which bubblewrap binds their homes
+            # as: the way to them must be searchable (pytest's tmp_path is not).
+            work_dir = Path(tempfile.mkdtemp(prefix="bai-live-agent-"))
+            work_dir.chmod(0o711)
+            self.process_work_dirs.append(work_dir)
         log = open(self.tmp_path / f"agent-{agent.pk}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             [
@@ -209,8 +218,14 @@ class LiveSystem:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
+        from agent.backends import sandbox
+
         for agent_id in list(self.agents):
             self.kill_agent(agent_id, signal.SIGTERM)
+        for work_dir in self.process_work_dirs:
+            for netns in (work_dir / ".netns").glob("*"):
+                sandbox.remove_netns(netns)
+            shutil.rmtree(work_dir, ignore_errors=True)
         if self.apps is not None:
             stop_process(self.apps)
             self.apps_log.close()

@@ -385,6 +385,13 @@ class Backend(ABC):
         the kernel is not running here."""
         raise KernelError("this backend has no service ports")
 
+    async def open_service(
+        self, kernel_id: str, port: int, limit: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to ``port`` of a running kernel, streams buffering ``limit``."""
+        host, port = await self.service_address(kernel_id, port)
+        return await asyncio.open_connection(host, port, limit=limit)
+
     async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
         """Run an app's start command in a running kernel, detached, as the kernel user in
         its home, with ``env`` added to the kernel's environment."""

@@ -1,27 +1,29 @@
-"""Kernels as native process groups: the fallback when no Docker engine answers.
+"""Kernels as native processes, each in a bubblewrap sandbox: the fallback when no Docker
+engine answers.
 
-Each kernel is a process group (``start_new_session``) running in its own home,
-``<work-dir>/<session_id>/<hostname>/`` (mode 0700), with a clean environment (the
-session's variables, ``PATH``, the locale, ``HOME``; nothing of the agent's, never its
-token); data folders are symlinked into it by name. Output goes to a log file beside
-it, which only the agent can read.
+Each kernel runs in namespaces of its own (``agent/backends/sandbox.py``): the session's
+network namespace (loopback only, shared by the session's kernels), and its own mount, PID,
+IPC and UTS namespaces, where it sees the system read-only, its home
+``<work-dir>/<session_id>/<hostname>/`` (mode 0700), its data folders (linked into the home
+by name) and nothing else of the node. Its environment is clean (the session's variables,
+``PATH``, the locale, ``HOME``; nothing of the agent's, never its token). Output goes to a
+log file beside the home, which only the agent can read. The agent reaches its ports from
+inside the session's network, and starts runners, shells and apps inside its namespaces.
 
-Who a kernel runs as: an agent running as root gives every kernel a uid of its own,
-``--kernel-uid-base`` + n, in the shared group ``--kernel-uid-base`` (data folders are
-group-writable for it, mode 2770): a kernel cannot read the agent's files (its token,
-its state), other kernels' homes, or signal their processes; destroying a kernel kills
-every process of its uid, even those that left its process group. An agent that is not
-root cannot change uids: its kernels run as itself, and are isolated from nothing but
-its token (the agent makes itself non-dumpable, so its environment and memory cannot
-be read through /proc). Docker is the backend for nodes shared between users.
+Who a kernel runs as: the agent must be root (and have ``bwrap``), else it refuses every
+kernel and says why. Each kernel gets a uid of its own, ``--kernel-uid-base`` + n, in the
+shared group ``--kernel-uid-base``: it cannot read the agent's files (its token, its state)
+or signal other kernels' processes; destroying a kernel kills every process of its uid, even
+those that left its process group, and its PID namespace.
 
 Limits (``setrlimit``, per process, inherited by what it starts, and not raisable):
 address space = the kernel's memory slot, open files, processes (per uid, so per
 kernel), file size, no core dumps. A CPU slot is a rate, and no rlimit expresses one
 (``RLIMIT_CPU`` is a lifetime budget), so the process backend does not enforce it.
 
-A state file in the work dir lists the kernels (pid, process start time, paths), so a
-restarted agent adopts the processes that still live and reports the others as ended.
+A state file in the work dir lists the kernels (pid, sandbox pid, process start time,
+paths), so a restarted agent adopts the processes that still live and reports the others
+as ended; the session's network namespace outlives the agent in its bind-mounted file.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import protocol
+from agent.backends import sandbox
 from agent.backends.base import (
     LOG_CHUNK_MAX,
     MIN_MEM,
@@ -183,6 +186,8 @@ class ProcessBackend(Backend):
         self.state_path = self.work_dir / STATE_FILE
         self.isolated = os.geteuid() == 0  # only root can run kernels as other uids
         self.next_uid_slot = 1
+        self.netns_dir = self.work_dir / ".netns"
+        self.sandbox_problem: str | None = None  # why kernels cannot run here, if they cannot
 
     # --- persistence ---------------------------------------------------------------
 
@@ -211,14 +216,11 @@ class ProcessBackend(Backend):
         # Kernels reach their homes below it, and see nothing else in it.
         self.work_dir.chmod(0o711)
         make_non_dumpable()
-        if self.isolated:
-            self._check_reachable()
-        else:
-            log.warning(
-                "the agent is not root: process kernels run as its own uid %s, isolated from"
-                " each other and from the agent's files only as far as that allows",
-                os.geteuid(),
-            )
+        self.sandbox_problem = sandbox.problem() or (
+            self._check_reachable() if self.isolated else None
+        )
+        if self.sandbox_problem:
+            log.error("this agent runs no process kernel: %s", self.sandbox_problem)
         try:
             document = json.loads(self.state_path.read_text())
             saved = document["kernels"]
@@ -232,7 +234,17 @@ class ProcessBackend(Backend):
             state = KernelState(entry["kernel_id"], entry["session_id"], entry["hostname"])
             state.extra["info"] = {
                 k: entry.get(k)
-                for k in ("pid", "start_time", "dir", "log", "env", "uid", "gid", "mem")
+                for k in (
+                    "pid",
+                    "sandbox_pid",
+                    "start_time",
+                    "dir",
+                    "log",
+                    "env",
+                    "uid",
+                    "gid",
+                    "mem",
+                )
             }
             state.extra["exited"] = asyncio.Event()
             self.kernels[state.kernel_id] = state
@@ -261,6 +273,9 @@ class ProcessBackend(Backend):
                 reason = "the process backend cannot run SFTP sessions; use a Docker agent"
                 self.set_status(state, protocol.KR_ERROR, reason=reason)
                 return
+            if self.sandbox_problem:
+                self.set_status(state, protocol.KR_ERROR, reason=self.sandbox_problem)
+                return
             limits = self.limits_for(state, kspec.get("slots") or {})
             try:
                 # Chosen here, on the loop, so that concurrent creates never share a uid.
@@ -282,18 +297,17 @@ class ProcessBackend(Backend):
         base.update({"HOME": str(kdir), "PWD": str(kdir), "TMPDIR": str(kdir / ".tmp")})
         return base
 
-    def _check_reachable(self) -> None:
-        """Kernels find their homes by path: warn if a parent of the work dir stops them."""
+    def _check_reachable(self) -> str | None:
+        """Why a kernel's uid cannot reach its home by path (bubblewrap, running as that
+        uid, binds it from there), or None when it can."""
         for parent in self.work_dir.parents:
             with contextlib.suppress(OSError):
                 if not parent.stat().st_mode & 0o001:
-                    log.warning(
-                        "%s is not searchable by other users: process kernels cannot reach"
-                        " their homes under %s by path (chmod o+x it)",
-                        parent,
-                        self.work_dir,
+                    return (
+                        f"{parent} is not searchable by other users: process kernels cannot"
+                        f" reach their homes under {self.work_dir} (chmod o+x it)"
                     )
-                    return
+        return None
 
     def _allocate_uid(self) -> tuple[int, int]:
         """A uid no live kernel and no account has, and the kernels' shared group."""
@@ -341,25 +355,52 @@ class ProcessBackend(Backend):
         exit_path = sdir / f".{hostname}.exit"
         # The runner writes its exit code here; the session dir stays the agent's.
         _write_private(exit_path, "", *owner)
-        argv = ["/bin/sh", "-c", _RUNNER, "backendai-kernel", str(exit_path)]
+        command = ["/bin/sh", "-c", _RUNNER, "backendai-kernel", str(exit_path)]
         if kspec.get("startup_command"):
-            argv.append(kspec["startup_command"])
+            command.append(kspec["startup_command"])
+        netns = sandbox.ensure_netns(self.netns_dir / session_id)
+        binds = sandbox.open_binds([kdir, exit_path, *folders.values()], self._runner_paths())
+        info_r, info_w = os.pipe()
+        argv = sandbox.kernel_argv(
+            netns=netns,
+            uid=uid,
+            gid=gid,
+            hostname=hostname,
+            home=kdir,
+            binds=binds,
+            info_fd=info_w,
+            command=command,
+        )
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "ab") as logf:
-            proc = subprocess.Popen(
-                argv,
-                cwd=kdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                **self._identity(uid, gid),
-                preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
-            )
+        try:
+            with os.fdopen(fd, "ab") as logf:
+                # nsenter enters the session's network as root, then becomes the kernel.
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=kdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(info_w, *(fd for fd, _, _ in binds)),
+                    umask=KERNEL_UMASK,
+                    preexec_fn=_limit_self(kernel_rlimits(limits)),  # noqa: PLW1509 - no locks taken
+                )
+        finally:
+            os.close(info_w)
+            sandbox.close_binds(binds)
+        try:
+            sandbox_pid = sandbox.read_sandbox_pid(info_r)
+        except OSError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         info = {
             "pid": proc.pid,
+            "sandbox_pid": sandbox_pid,
             "start_time": _proc_start_time(proc.pid),
             "dir": str(kdir),
             "log": str(log_path),
@@ -398,12 +439,24 @@ class ProcessBackend(Backend):
                 os.chown(path, *ident)
                 path.chmod(0o700)
 
-    def _identity(self, uid: int | None, gid: int | None) -> dict[str, Any]:
-        """Popen arguments that run a kernel's process as the kernel (root agents only)."""
-        ident: dict[str, Any] = {"umask": KERNEL_UMASK}
-        if self.isolated and uid is not None and uid != os.geteuid():
-            ident.update(user=uid, group=gid, extra_groups=[])
-        return ident
+    @staticmethod
+    def _in_kernel(info: dict[str, Any], command: list[str]) -> list[str]:
+        """The command line that runs ``command`` inside a running kernel's sandbox."""
+        if not info.get("sandbox_pid"):
+            raise KernelError("this kernel was started without a sandbox: restart the session")
+        return sandbox.enter_argv(
+            info["sandbox_pid"], info.get("uid"), info.get("gid"), info["dir"], command
+        )
+
+    def _runner_paths(self) -> list[Path]:
+        """What a kernel sees read-only besides the system: the agent's python and venv
+        when the code runner is the agent's own python."""
+        python = runner_python(sys.executable, self.isolated)
+        if self.config.runner_python or python != sys.executable:
+            return []
+        paths = {Path(os.path.realpath(p)) for p in (sys.prefix, sys.base_prefix, sys.executable)}
+        paths = {p if p.is_dir() else p.parent for p in paths}
+        return sorted(p for p in paths if not p.is_relative_to("/usr"))
 
     def _watch(self, state: KernelState, pid: int, proc: subprocess.Popen | None) -> None:
         """Learn about the exit through a pidfd on the loop: no thread, no polling."""
@@ -482,6 +535,14 @@ class ProcessBackend(Backend):
                 if not state.tail_sent:
                     self.keep_tail(state, self._read_tail(state))
                 await asyncio.to_thread(self._remove_files, info)
+            else:  # it never started: what its start left (home, log, the session's network)
+                sdir = self.work_dir / state.session_id
+                left = {
+                    "dir": str(sdir / state.hostname),
+                    "log": str(sdir / f".{state.hostname}.log"),
+                }
+                if "/" not in state.session_id + state.hostname:
+                    await asyncio.to_thread(self._remove_files, left)
             self.set_status(state, protocol.KR_GONE, reason=reason)
             self.bury(kernel_id)
             self._save()
@@ -512,8 +573,11 @@ class ProcessBackend(Backend):
         for path in (log_path, log_path.with_suffix(".exit")):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        with contextlib.suppress(OSError):
+        try:
             kdir.parent.rmdir()  # the session dir, once its last kernel is gone
+        except OSError:
+            return
+        sandbox.remove_netns(self.netns_dir / kdir.parent.name)  # and the session's network
 
     # --- logs ------------------------------------------------------------------------
 
@@ -555,8 +619,25 @@ class ProcessBackend(Backend):
     # --- terminals --------------------------------------------------------------------
 
     async def service_address(self, kernel_id: str, port: int) -> tuple[str, int]:
+        # The loopback of the session's own network namespace, never the host's.
         self.running_kernel(kernel_id)
         return "127.0.0.1", port
+
+    async def open_service(
+        self, kernel_id: str, port: int, limit: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        state = self.running_kernel(kernel_id)
+        netns = self.netns_dir / state.session_id
+        if not sandbox.is_netns(netns):
+            raise KernelError("the kernel's network is gone")
+        sock = await asyncio.to_thread(sandbox.socket_in_netns, netns)
+        try:
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock, limit=limit)
 
     def _kernel_process(self, state: KernelState) -> tuple[dict[str, Any], dict[int, int]]:
         """A running kernel's saved facts (dir, env, uid, gid, pid) and its rlimits,
@@ -568,10 +649,10 @@ class ProcessBackend(Backend):
     async def start_app(self, kernel_id: str, command: str, env: dict[str, str]) -> None:
         state = self.running_kernel(kernel_id)
         info, rlimits = self._kernel_process(state)
-        uid, gid = info.get("uid"), info.get("gid")
+        argv = self._in_kernel(info, ["/bin/sh", "-c", command])
         try:
             app = subprocess.Popen(
-                ["/bin/sh", "-c", command],
+                argv,
                 cwd=info["dir"],
                 env={**info["env"], **env},
                 stdin=subprocess.DEVNULL,
@@ -582,7 +663,7 @@ class ProcessBackend(Backend):
                 start_new_session=True,
                 preexec_fn=_limit_self(rlimits),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
-                **self._identity(uid, gid),
+                umask=KERNEL_UMASK,
             )
         except OSError as exc:
             raise KernelError(f"cannot start the app: {exc}") from exc
@@ -597,15 +678,15 @@ class ProcessBackend(Backend):
         on_eof: Callable[[], None],
     ) -> TermChannel:
         info, rlimits = self._kernel_process(self.running_kernel(kernel_id))
-        uid, gid = info.get("uid"), info.get("gid")
         python = self.config.runner_python or runner_python(sys.executable, self.isolated)
+        argv = self._in_kernel(info, runner_argv(python, source))
         # glibc reserves 64 MiB of address space per thread arena: under the kernel's
         # RLIMIT_AS an ipykernel needs few arenas to start at all.
         env = {"MALLOC_ARENA_MAX": "2", **info["env"]}
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
-                runner_argv(python, source),
+                argv,
                 cwd=info["dir"],
                 env=env,
                 stdin=theirs,
@@ -616,7 +697,7 @@ class ProcessBackend(Backend):
                 start_new_session=True,
                 preexec_fn=_limit_self(rlimits),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
-                **self._identity(uid, gid),
+                umask=KERNEL_UMASK,
             )
         except OSError as exc:
             ours.close()
@@ -637,14 +718,15 @@ class ProcessBackend(Backend):
         env = dict(info["env"])
         env["TERM"] = "xterm-256color"
         shell = ["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]
-        uid, gid = info.get("uid"), info.get("gid")
+        uid = info.get("uid")
+        argv = self._in_kernel(info, shell)
         master, slave = pty.openpty()
         _set_winsize(master, cols, rows)
         if self.isolated and uid is not None:
             os.fchown(slave, uid, -1)
         try:
             proc = subprocess.Popen(
-                shell,
+                argv,
                 cwd=info["dir"],
                 env=env,
                 stdin=slave,
@@ -653,7 +735,7 @@ class ProcessBackend(Backend):
                 start_new_session=True,
                 preexec_fn=_shell_setup(rlimits),  # noqa: PLW1509 - no locks taken
                 close_fds=True,
-                **self._identity(uid, gid),
+                umask=KERNEL_UMASK,
             )
         except OSError as exc:
             os.close(master)

@@ -63,6 +63,8 @@ async def daemon():
     task = asyncio.create_task(agent.run())
     await asyncio.wait_for(agent.registered.wait(), 10)
     yield agent, manager
+    kernels = await backend.list_kernels()
+    await backend.destroy_kernels([k.kernel_id for k in kernels], "test over")
     agent.stop()
     assert await asyncio.wait_for(task, 20) == EXIT_OK
     await manager.stop()
@@ -164,16 +166,30 @@ async def test_destroying_a_kernel_ends_its_runner_and_ipykernel(daemon):
     agent, manager = daemon
     kernel_id = await start_kernel(agent, manager)
     runs = Runs(manager.frames, manager.send, kernel_id)
-    _, records = await runs.run("import os\nprint(os.getppid(), os.getpid())")
-    pids = [int(p) for p in text(records).split()]
-    assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    _, records = await runs.run("import os\nprint(os.getcwd())")
+    home = text(records).strip()
+    # The kernel's pids are its own namespace's: find its processes on the host by home.
+    assert len(_processes_in(home)) >= 3  # the sandbox, the runner, its ipykernel
     await manager.send({"type": protocol.DESTROY_KERNELS, "kernel_ids": [kernel_id], "reason": "x"})
     await manager.frames.wait_for(type=protocol.KERNEL_STATUS, kernel_id=kernel_id, status="gone")
     for _ in range(100):
-        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+        if not _processes_in(home):
             break
         await asyncio.sleep(0.05)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not _processes_in(home)
+
+
+def _processes_in(home: str) -> list[int]:
+    """The host's pids of the processes whose working directory is ``home``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd") == home:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 async def test_the_first_run_of_a_fresh_runner_may_ask_for_input():

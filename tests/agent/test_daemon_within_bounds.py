@@ -15,7 +15,7 @@ from agent.daemon import EXIT_OK, Agent
 
 
 @pytest.mark.asyncio
-async def test_every_frame_the_daemon_sends_is_within_the_protocols_bounds(manager, tmp_path):
+async def test_every_frame_the_daemon_sends_is_within_the_protocols_bounds(manager, base_dir):
     config = AgentConfig(
         manager=manager.url,
         token="good-token",
@@ -23,7 +23,7 @@ async def test_every_frame_the_daemon_sends_is_within_the_protocols_bounds(manag
         cpu=Decimal("1.5"),
         mem=4 * 1024**3,
         gpus=0,
-        work_dir=tmp_path / "work",
+        work_dir=base_dir / "work",
         labels={"zone": "a"},
     )
     agent = Agent(config, ProcessBackend(config), backoff_start=0.05, backoff_max=0.2)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 from urllib.parse import urlsplit
 
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from sessions_app import kernel_images
 from sessions_app.models import Agent, AgentStatus, Image, Kernel, Status
@@ -290,7 +293,7 @@ def test_the_app_of_a_multi_node_cluster_is_served_from_main1_on_its_own_agent(
     assert agents == {"node-a", "node-b"}
 
 
-def test_apps_of_a_process_backend_kernel_are_served_from_the_agents_loopback(
+def test_apps_of_a_process_backend_kernel_are_served_from_its_sessions_network(
     images,  # noqa: F811
     live_system,
     make_agent,
@@ -344,6 +347,103 @@ def test_apps_of_a_process_backend_kernel_are_served_from_the_agents_loopback(
             return s.connect_ex(("127.0.0.1", on_demand)) != 0
 
     wait_for(closed, timeout=10, what="the on-demand app to end with its kernel")
+
+
+def _tcp_through_proxy(live, token, session_id, port, send=b""):
+    """What ``/_bai/tcp`` answers for a port of a session: the first bytes its listener
+    sent, b"" when the tunnel closed with none (the agent reached nothing), or the HTTP
+    status of a refused websocket."""
+    url = f"ws://127.0.0.1:{live.apps_port}/_bai/tcp/{session_id}/port-{port}"
+    try:
+        with connect(url, additional_headers={"Authorization": f"Token {token}"}) as ws:
+            if send:
+                ws.send(send)
+            return ws.recv(timeout=10)
+    except InvalidStatus as refused:
+        return refused.response.status_code
+    except ConnectionClosed:
+        return b""
+
+
+@pytest.fixture
+def alice_on_the_nodes_loopback():
+    """An app of alice's on the node's loopback (as one of her process kernels was before
+    kernels had networks of their own): it answers every connection with her secret."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        with server:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 14\r\nConnection: close\r\n\r\n"
+                        b"alice's secret"
+                    )
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_a_process_backend_session_reaches_its_own_kernels_ports_alone(
+    images,  # noqa: F811
+    live_system,
+    make_agent,
+    make_token,
+    bob,
+    alice_on_the_nodes_loopback,
+):
+    """bob declares the port of alice's app and the manager's Redis and PostgreSQL ports:
+    through the apps proxy each reaches his own kernel's network, where nothing listens;
+    a port his kernel serves is his."""
+    alice_port = alice_on_the_nodes_loopback
+    live_system.start_apps()
+    live_system.start_agent(make_agent("node-p", cpu="2", mem=2**30), backend="process")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    token = make_token(bob)
+    own = free_port()
+    session = _launch_running(
+        live_system,
+        token,
+        {
+            "image": PYTHON_IMAGE,
+            "ports": [alice_port, 6379, 5432, own],
+            "resources": {"cpu": 1, "mem": "256m"},
+            "startup_command": "echo bobs-own > hello.txt; "
+            f"exec python3 -m http.server --directory . --bind 127.0.0.1 {own}",
+        },
+    )
+    # His own port is served (once his server listens).
+    host, cookie = _open_app(live_system, token, session["id"], f"port-{own}")
+
+    def fetched():
+        response, body = _call(
+            live_system.apps_port, "GET", "/hello.txt", host=host, headers={"Cookie": cookie}
+        )
+        return body if response.status == 200 else None
+
+    assert wait_for(fetched, timeout=30, what="bob's own port") == b"bobs-own\n"
+    # alice's app on the node's loopback, by the same number: not reached.
+    host, cookie = _open_app(live_system, token, session["id"], f"port-{alice_port}")
+    response, body = _call(live_system.apps_port, "GET", "/", host=host, headers={"Cookie": cookie})
+    assert response.status == 502 and b"alice" not in body, (response.status, body)
+    assert _tcp_through_proxy(live_system, token, session["id"], alice_port) in (b"", 403)
+    # The manager's Redis and PostgreSQL, by their numbers: not reached either (Redis
+    # would answer +PONG; PostgreSQL answers a startup packet with its own bytes).
+    redis = _tcp_through_proxy(live_system, token, session["id"], 6379, b"PING\r\n")
+    assert redis in (b"", 403), redis
+    startup = (8).to_bytes(4, "big") + (80877103).to_bytes(4, "big")  # SSLRequest
+    postgres = _tcp_through_proxy(live_system, token, session["id"], 5432, startup)
+    assert postgres in (b"", 403), postgres
+    # The same path reaches what bob's kernel serves.
+    raw = _tcp_through_proxy(
+        live_system, token, session["id"], own, b"GET /hello.txt HTTP/1.0\r\n\r\n"
+    )
+    assert isinstance(raw, bytes) and raw.startswith(b"HTTP/1.0 200"), raw
 
 
 # Counts the connections it accepts (GET /count) and drops one idle for a second.

@@ -186,3 +186,52 @@ def test_a_body_at_the_limit_reaches_the_view(alice):
 @pytest.mark.django_db
 def test_brackets_inside_strings_are_not_nesting(alice):
     assert _ask_for_a_token(json.dumps("[{" * 5000))["message"] == "Wrong username or password."
+
+
+# --- Redis asks for a password -------------------------------------------------------------------
+
+
+def _production_setup(redis_url: str | None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+        "BAI_PRODUCTION": "true",
+        "SECRET_KEY": "k" * 60,
+        "ALLOWED_HOSTS": "example.org",
+    }
+    env.pop("REDIS_URL", None)
+    if redis_url is not None:
+        env["REDIS_URL"] = redis_url
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("redis_url", [None, "redis://127.0.0.1:6379/0", "redis://bai@10.0.0.5/0"])
+def test_production_refuses_to_start_with_a_redis_that_asks_for_no_password(redis_url):
+    result = _production_setup(redis_url)
+    assert result.returncode != 0
+    assert "REDIS_URL must be set and carry a password" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "redis_url", ["redis://:s3cret@10.0.0.5:6379/0", "redis://10.0.0.5:6379/0?password=s3cret"]
+)
+def test_production_starts_with_a_redis_password(redis_url):
+    result = _production_setup(redis_url)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_deploy_check_calls_a_redis_without_password_an_error(settings):
+    from sessions_app.checks import production_check
+
+    settings.REDIS_URL = "redis://127.0.0.1:6390/0"
+    [error] = [p for p in production_check(None) if p.id == "bai.E002"]
+    assert error.level >= 40 and "REDIS_URL carries no password" in error.msg
+    settings.REDIS_URL = "redis://:s3cret@127.0.0.1:6390/0"
+    assert not [p for p in production_check(None) if p.id == "bai.E002"]

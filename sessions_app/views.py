@@ -307,8 +307,12 @@ def folder_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def folder_browse(request: HttpRequest, folder_id: int) -> HttpResponse:
-    """One folder's files. Whether the user may see it is the API's to say (404 otherwise)."""
-    return render(request, "folders/browse.html", {"folder_id": folder_id})
+    """One folder's files: a folder the user may not see does not exist (404), as in the API."""
+    try:
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+    except NotFound:
+        raise Http404("No such folder.") from None
+    return render(request, "folders/browse.html", {"folder_id": access.folder.pk})
 
 
 # --- error pages: HTML for people, the API's JSON under /api/ -------------------------

@@ -7,6 +7,7 @@ Slots and durations are typed and shown with units (``sessions_app.forms``).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +19,8 @@ from django.db import models
 from django.db.models import QuerySet
 from django.forms.utils import pretty_name
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from knox.models import AuthToken
@@ -234,13 +237,14 @@ def _amount(slots: dict[str, Any], slot: str) -> Decimal:
 
 
 def _used_of(slot: str, used: Decimal, total: Decimal) -> str:
-    """``2.5 / 8 cores``, ``40 / 128 GiB`` (the unit once when both share it), ``1 / 2``."""
-    used_text, total_text = units.format_amount(slot, used), units.format_amount(slot, total)
+    """``2.5 / 8 cores``, ``1 / 23.5 GiB`` (the unit once when both share it), ``1 / 2``."""
     if slot == "mem":
+        used_text, total_text = units.format_size_shown(used), units.format_size_shown(total)
         number, _, unit = used_text.partition(" ")
         if used == 0 or total_text.endswith(f" {unit}"):
             used_text = number
         return f"{used_text} / {total_text}"
+    used_text, total_text = units.format_amount(slot, used), units.format_amount(slot, total)
     unit = slot_unit(slot)
     return f"{used_text} / {total_text} {unit}" if unit else f"{used_text} / {total_text}"
 
@@ -287,14 +291,13 @@ class AgentAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "resource_group",
-        "status",
-        "schedulable",
+        "state",
         "backend",
         "hostname",
         "usage",
-        "last_heartbeat_at",
+        "heartbeat",
     ]
-    list_filter = ["status", "resource_group", "backend"]
+    list_filter = ["status", "schedulable", "resource_group", "backend"]
     search_fields = ["id", "hostname"]
     # The agent reports its capacity when it registers; what is occupied is the
     # manager's to count. Neither is typed here.
@@ -325,6 +328,28 @@ class AgentAdmin(admin.ModelAdmin):
     @admin.display(description="used / capacity")
     def usage(self, obj: Agent) -> SafeString:
         return usage_bars(obj.capacity_slots or {}, obj.occupied_slots or {})
+
+    @admin.display(description="status", ordering="status")
+    def state(self, obj: Agent) -> str:
+        """The status, and whether it is drained (one column: the list fits a laptop)."""
+        if obj.schedulable:
+            return obj.get_status_display()
+        return format_html(
+            '{}<span class="bai-sub">not schedulable</span>', obj.get_status_display()
+        )
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
+    def heartbeat(self, obj: Agent) -> str:
+        """How long ago (``12 s ago``), the time itself on hover: narrow enough for the list."""
+        if obj.last_heartbeat_at is None:
+            return "never"
+        age = max(timezone.now() - obj.last_heartbeat_at, timedelta(0))
+        return format_html(
+            '<time datetime="{}" title="{}">{} ago</time>',
+            obj.last_heartbeat_at.isoformat(),
+            date_format(timezone.localtime(obj.last_heartbeat_at), "DATETIME_FORMAT"),
+            units.format_duration(timedelta(seconds=int(age.total_seconds()))),
+        )
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
         token = None if change else obj.set_new_token()

@@ -60,11 +60,15 @@ def parse_slot_input(slot: str, text: str) -> Decimal:
 
 
 def slots_text(slots: Mapping[str, Any] | None, *, empty: str = "—") -> str:
-    """``{"cpu": "2", "mem": "4294967296"}`` -> ``2 cpu, 4 GiB mem`` (for lists and read-only fields)."""
+    """``{"cpu": "2", "mem": "4294967296"}`` -> ``2 cpu, 4 GiB mem`` (for lists and read-only
+    fields; memory in the largest unit it reaches, ``23.5 GiB mem``, as the pages show it)."""
     if not slots:
         return empty
     parsed = slotlib.from_strings(slots)
-    return ", ".join(slotlib.fmt(slot, value) for slot, value in parsed.items())
+    return ", ".join(
+        f"{units.format_size_shown(value)} mem" if slot == "mem" else slotlib.fmt(slot, value)
+        for slot, value in parsed.items()
+    )
 
 
 class SlotsWidget(forms.MultiWidget):

@@ -133,7 +133,7 @@ def slots_text(slots: Mapping[str, Any]) -> str:
             parts.append(f"{raw} {slot}")
             continue
         if slot == "mem":
-            parts.append(units.format_size(value))
+            parts.append(units.format_size_shown(value))
         elif value or slot == "cpu":
             name = {"cpu": "CPU", "cuda.device": "GPU"}.get(slot, slot)
             parts.append(f"{units.format_decimal(value)} {name}")

@@ -86,7 +86,7 @@ def test_a_folder_is_made_filled_walked_and_emptied_in_the_browser(
     page.wait_for_function("() => window.uploadsDone === 2")
     assert page.locator('#upload-list li[data-state="done"]').count() == 2
     assert _files(page) == {"notes.txt": "file", "data.csv": "file"}
-    assert _row(page, "data.csv").locator("td.num").inner_text() == "195.32 KiB"
+    assert _row(page, "data.csv").locator("td.num").inner_text() == "195.3 KiB"
     shot(page, "uploaded")
 
     # A directory, and a file uploaded into it after walking in.
@@ -141,7 +141,7 @@ def test_a_folder_is_made_filled_walked_and_emptied_in_the_browser(
     _open_data(page, live_server_url)
     listed = page.locator('#folders-body tr[data-name="results"]')
     assert listed.locator('[data-role="files"]').inner_text() == "1"
-    assert listed.locator('[data-role="size"]').inner_text() == "195.32 KiB"
+    assert listed.locator('[data-role="size"]').inner_text() == "195.3 KiB"
     assert page.inner_text("#quota-folders") == "1"
     assert page.js_errors == []
 

@@ -29,7 +29,17 @@ from bai_common import units
 
 from . import agent_selectors, services
 from .errors import ApplicationError, InvalidInput
-from .forms import ADMIN_CSS, DurationInput, SlotsField, slot_unit, slots_text
+from .forms import (
+    ADMIN_CSS,
+    DurationInput,
+    KeyValueOptionsField,
+    ServicePortsField,
+    SessionTypesField,
+    SizeInput,
+    SlotsField,
+    slot_unit,
+    slots_text,
+)
 from .models import (
     Agent,
     DataFolder,
@@ -97,9 +107,9 @@ class AgentSelectorField(forms.ChoiceField):
 
 
 # Admin forms: the ModelAdmin supplies the model and the fields.
-class ResourceGroupForm(forms.ModelForm):
-    """Also the changelist's form (``agent_selection`` is list-editable there), so every check
-    works with or without the options field."""
+class ResourceGroupListForm(forms.ModelForm):
+    """The changelist's form (``agent_selection`` is list-editable there) and the base of the
+    page's: every check works with or without the options field."""
 
     agent_selection = AgentSelectorField(
         initial="concentrated",
@@ -115,21 +125,6 @@ class ResourceGroupForm(forms.ModelForm):
         if current and current not in agent_selectors.agent_selector_names():
             # Shown as it is, so that saving without choosing another says what is wrong.
             field.choices = [*field.choices, (current, f"{current} (not installed)")]
-
-    def clean_allowed_session_types(self) -> Any:
-        value = self.cleaned_data["allowed_session_types"]
-        known = SessionType.values
-        if not isinstance(value, list) or any(v not in known for v in value):
-            raise forms.ValidationError(f"A list of session types, from: {', '.join(known)}.")
-        return value
-
-    def clean_agent_selector_options(self) -> Any:
-        value = self.cleaned_data["agent_selector_options"]
-        if value is None or value == "":
-            return {}
-        if not isinstance(value, dict):
-            raise forms.ValidationError('A JSON object, such as {} or {"prefix": "gpu-"}.')
-        return value
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
@@ -152,16 +147,34 @@ class ResourceGroupForm(forms.ModelForm):
         return cleaned
 
 
+class ResourceGroupForm(ResourceGroupListForm):
+    """A group's page: session types as checkboxes, the selector's options as lines."""
+
+    allowed_session_types = SessionTypesField(
+        label="Allowed session types", choices=SessionType.choices
+    )
+    agent_selector_options = KeyValueOptionsField(
+        label="Agent selector options",
+        help_text="The selector checks them; the built-ins take none.",
+    )
+
+
 # Slots typed by an admin are checked and stored as exact decimal strings ("2g"
 # becomes bytes): a typo here would otherwise break every launch that reads them.
 class ImageForm(forms.ModelForm):
     min_slots = SlotsField(label="Minimum per container", empty_means="Empty: no minimum.")
+    service_ports = ServicePortsField(label="Apps (service ports)")
 
 
 class ResourcePolicyForm(forms.ModelForm):
     total_resource_slots = SlotsField(
         label="Total resource slots",
         empty_means="The most a user may hold at once, over all their sessions. Empty: unlimited.",
+    )
+    max_folder_bytes = SizeInput(
+        label="Max size of all folders",
+        required=False,
+        help_text="Over all the user's own folders. Empty: unlimited.",
     )
 
 
@@ -197,7 +210,8 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         "session_selection",
         "num_retries_to_skip",
         "agent_selection",
-        "agent_selector_options",
+        "selector_options",
+        "session_types",
         "pending_timeout",
     ]
     list_editable = ["session_selection", "agent_selection"]
@@ -218,9 +232,21 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         ("Limits", {"fields": ["allowed_session_types", "pending_timeout"]}),
     ]
 
+    @admin.display(description="agent selector options")
+    def selector_options(self, obj: ResourceGroup) -> str:
+        options = obj.agent_selector_options
+        if not isinstance(options, dict) or not options:
+            return "none"
+        return ", ".join(f"{key} = {value}" for key, value in options.items())
+
+    @admin.display(description="session types")
+    def session_types(self, obj: ResourceGroup) -> str:
+        types = obj.allowed_session_types
+        return ", ".join(map(str, types)) if isinstance(types, list) and types else "none"
+
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         # The installed selectors' select, and the options check, in the list too.
-        kwargs.setdefault("form", ResourceGroupForm)
+        kwargs.setdefault("form", ResourceGroupListForm)
         return _cells_named(super().get_changelist_form(request, **kwargs))
 
 

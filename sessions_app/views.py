@@ -11,6 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.views import defaults
@@ -324,6 +325,13 @@ def healthz(request: HttpRequest) -> HttpResponse:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return HttpResponse("ok\n", content_type="text/plain")
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """The icon, for browsers that ask /favicon.ico (pages without an icon link: the API's
+    JSON, a downloaded file). Resolved per request: the static manifest may come later."""
+    return redirect(static("favicon.svg"), permanent=True)
 
 
 @require_GET

@@ -190,9 +190,9 @@ def test_a_read_only_share_shows_the_invitee_no_writes_and_revoking_is_explained
     )
     assert page.locator('#share-list li[data-user="bob"]').count() == 0
     assert "running ones keep their mount" in page.inner_text("#status")
-    other.reload()
-    other.wait_for_function("() => window.filesReady === true")
-    assert "No such folder" in other.inner_text("#error")
+    # The folder's page is not found for him now, as for any folder that is not his.
+    assert other.reload().status == 404
+    assert "Nothing here" in other.inner_text("main")
     assert page.js_errors == [] and other.js_errors == []
 
 

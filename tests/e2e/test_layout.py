@@ -314,3 +314,57 @@ def test_the_admin_agents_list_shows_every_column_and_readable_sizes(
     assert "32 cpu, 23.5 GiB mem, 4 cuda.device" in page.inner_text("#content")
     shot(page, "agent-page")
     assert page.js_errors == []
+
+
+def test_the_admin_forms_take_checkboxes_lines_and_sizes_and_nothing_is_missing(
+    group, admin_page, live_server_url, shot
+):
+    from sessions_app.models import Image, ResourceGroup, ResourcePolicy
+
+    page = admin_page
+    missing: list[str] = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+
+    page.goto(f"{live_server_url}/admin/sessions_app/resourcegroup/{group.pk}/change/")
+    page.uncheck('input[name="allowed_session_types"][value="system"]')
+    page.fill("#id_agent_selector_options", "spread = true")
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".errornote")
+    assert "option 'spread': unknown option" in page.inner_text("#content")
+    shot(page, "group-options-refused", full_page=True)
+    page.fill("#id_agent_selector_options", "")
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".messagelist .success")
+    shot(page, "group-saved", full_page=True)
+    types = _orm(lambda: ResourceGroup.objects.get(pk=group.pk).allowed_session_types)
+    assert types == ["interactive", "batch", "inference"]
+
+    page.goto(f"{live_server_url}/admin/sessions_app/image/add/")
+    page.fill("#id_reference", "team/notebook:1")
+    page.fill("#id_service_ports", "jupyter http 8888\ntensorboard http 80")
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".errornote")
+    assert "line 2: port must be a whole number from 1024 to 65535" in page.inner_text("#content")
+    shot(page, "image-apps-refused", full_page=True)
+    page.fill("#id_service_ports", "jupyter http 8888\ntensorboard http 6006")
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".messagelist .success")
+    ports = _orm(lambda: Image.objects.get(reference="team/notebook:1").service_ports)
+    assert [p["port"] for p in ports] == [8888, 6006]
+
+    page.goto(f"{live_server_url}/admin/sessions_app/resourcepolicy/add/")
+    page.fill("#id_name", "students")
+    page.fill("#id_total_resource_slots_1", "64m")
+    page.fill("#id_max_folder_bytes", "2 GiB")
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".messagelist .success")
+    assert page.input_value("#id_total_resource_slots_1") == "64 MiB"
+    assert page.input_value("#id_max_folder_bytes") == "2 GiB"
+    memory = page.locator(".bai-slot", has=page.locator("#id_total_resource_slots_1"))
+    assert "GiB" not in memory.inner_text()  # the unit is in the box, once
+    shot(page, "policy-sizes", full_page=True)
+    policy = _orm(lambda: ResourcePolicy.objects.get(name="students"))
+    assert policy.max_folder_bytes == 2 * 2**30
+
+    assert missing == []  # not even /favicon.ico
+    assert page.js_errors == []

@@ -17,7 +17,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 LAPTOP = {"width": 1366, "height": 768}
 PHONE = {"width": 390, "height": 844}
-ADMIN_PASSWORD = "root-pass-123"
 
 
 def _orm(call, *args, **kwargs):
@@ -54,6 +53,20 @@ def _out_of_view(page, selector: str) -> list[str]:
         }""",
         selector,
     )
+
+
+def _in_view_on_a_laptop_and_a_phone(page, shot, name: str, table: str, button: str) -> None:
+    """Every column of ``table`` and the ``button`` of a row in view at 1366 px, then every
+    cell of its first row at 390 px; a screenshot at each width."""
+    shot(page, f"{name}-1366")
+    assert _out_of_view(page, table) == []
+    box = page.locator(button).bounding_box()
+    assert box is not None and box["x"] + box["width"] <= LAPTOP["width"]
+
+    page.set_viewport_size(PHONE)
+    shot(page, f"{name}-390", full_page=True)
+    assert _out_of_view(page, table) == []
+    assert page.js_errors == []
 
 
 @pytest.fixture
@@ -106,16 +119,8 @@ def test_the_sessions_list_shows_every_column_on_a_laptop_and_a_phone(
     page = login("alice", viewport=LAPTOP, screenshot=False)
     page.wait_for_selector("#sessions-body tr")
     page.click('#filter [data-filter="all"]')
-    shot(page, "sessions-1366")
-    assert _out_of_view(page, "#sessions-table") == []
-    terminate = page.locator('tr:has-text("notebook-with-a-long-name") [data-action="terminate"]')
-    box = terminate.bounding_box()
-    assert box is not None and box["x"] + box["width"] <= LAPTOP["width"]
-
-    page.set_viewport_size(PHONE)
-    shot(page, "sessions-390", full_page=True)
-    assert _out_of_view(page, "#sessions-table") == []
-    assert page.js_errors == []
+    terminate = 'tr:has-text("notebook-with-a-long-name") [data-action="terminate"]'
+    _in_view_on_a_laptop_and_a_phone(page, shot, "sessions", "#sessions-table", terminate)
 
 
 @pytest.fixture
@@ -148,16 +153,8 @@ def test_the_templates_list_shows_every_column_on_a_laptop_and_a_phone(
     page = login("alice", viewport=LAPTOP, screenshot=False)
     page.goto(f"{live_server_url}/templates/")
     page.wait_for_selector("#templates-body tr")
-    shot(page, "templates-1366")
-    assert _out_of_view(page, "#templates-table") == []
-    delete = page.locator('#templates-body tr[data-name="notebook"] [data-action="delete"]')
-    box = delete.bounding_box()
-    assert box is not None and box["x"] + box["width"] <= LAPTOP["width"]
-
-    page.set_viewport_size(PHONE)
-    shot(page, "templates-390", full_page=True)
-    assert _out_of_view(page, "#templates-table") == []
-    assert page.js_errors == []
+    delete = '#templates-body tr[data-name="notebook"] [data-action="delete"]'
+    _in_view_on_a_laptop_and_a_phone(page, shot, "templates", "#templates-table", delete)
 
 
 def test_the_navigation_opens_as_a_menu_on_a_phone(users, live_server_url, login, shot):
@@ -247,35 +244,6 @@ def test_the_page_helpers_nest_children_and_write_sizes_as_bai_common_does(
     assert shown == [units.format_size_shown(size) for size in sizes]
 
 
-@pytest.fixture
-def admin_with_password(admin, settings):
-    """The superuser, with a password the live server can check (its hashers are the defaults)."""
-    from django.conf import global_settings
-
-    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-    admin.set_password(ADMIN_PASSWORD)
-    admin.save(update_fields=["password"])
-    return admin
-
-
-@pytest.fixture
-def admin_page(admin_with_password, live_server_url, browser):
-    """Chromium logged in to the admin as the superuser, at a laptop's width."""
-    admin = admin_with_password
-    context = browser.new_context(viewport=LAPTOP)
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.js_errors = []
-    page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))
-    page.goto(f"{live_server_url}/admin/login/")
-    page.fill("#id_username", admin.username)
-    page.fill("#id_password", ADMIN_PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#site-name")
-    yield page
-    context.close()
-
-
 def test_the_admin_agents_list_shows_every_column_and_readable_sizes(
     make_agent, admin_page, live_server_url, shot
 ):
@@ -300,6 +268,7 @@ def test_the_admin_agents_list_shows_every_column_and_readable_sizes(
 
     _orm(world)
     page = admin_page
+    page.set_viewport_size(LAPTOP)
     page.goto(f"{live_server_url}/admin/sessions_app/agent/")
     page.wait_for_selector("#result_list")
     row = page.locator("#result_list tr", has_text="gpu-node-with-a-long-hostname-1").first
@@ -322,6 +291,7 @@ def test_the_admin_forms_take_checkboxes_lines_and_sizes_and_nothing_is_missing(
     from sessions_app.models import Image, ResourceGroup, ResourcePolicy
 
     page = admin_page
+    page.set_viewport_size(LAPTOP)
     missing: list[str] = []
     page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
 

@@ -140,7 +140,10 @@ def templates(users, images):
     }
     for name in ("distributed-training-with-a-long-name", "notebook"):
         SessionTemplate.objects.create(
-            owner=alice, name=name, description="Two workers and a notebook", spec=spec
+            owner=alice,
+            name=name,
+            description="Two workers and a notebook, for training the big model on every GPU",
+            spec=spec,
         )
     SessionTemplate.objects.create(
         owner=None, name="shared-one", is_shared=True, spec={"image": "bai-kernel/minimal:1"}

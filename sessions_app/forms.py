@@ -229,8 +229,6 @@ class SizeInput(forms.Field):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs["help_text"] = " ".join(t for t in (kwargs.get("help_text"), SIZE_HELP) if t)
-        kwargs.pop("max_value", None)
-        kwargs.pop("min_value", None)
         super().__init__(**kwargs)
 
     def prepare_value(self, value: Any) -> Any:
@@ -290,8 +288,6 @@ class KeyValueOptionsField(forms.Field):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs["help_text"] = " ".join(t for t in (kwargs.get("help_text"), OPTIONS_HELP) if t)
-        kwargs.pop("encoder", None)
-        kwargs.pop("decoder", None)
         kwargs["required"] = False
         super().__init__(**kwargs)
 
@@ -392,8 +388,6 @@ class ServicePortsField(forms.Field):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs["help_text"] = SERVICE_PORTS_HELP
-        kwargs.pop("encoder", None)
-        kwargs.pop("decoder", None)
         kwargs["required"] = False
         super().__init__(**kwargs)
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from sessions_app.views import healthz, metrics_page
+from sessions_app.views import favicon, healthz, metrics_page
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -18,6 +18,8 @@ urlpatterns = [
     path("api/v1/", include("serving_app.urls_api")),
     path("metrics", metrics_page, name="metrics"),
     path("healthz", healthz, name="healthz"),
+    # Browsers ask for it on pages without an icon link (the API's JSON, a file download).
+    path("favicon.ico", favicon, name="favicon"),
     path("", include("sessions_app.urls")),
 ]
 

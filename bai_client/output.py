@@ -104,7 +104,7 @@ def session_details(session: dict[str, Any]) -> None:
 
 
 def size(value: int) -> str:
-    return units.format_size_rounded(int(value))
+    return units.format_size_shown(int(value))
 
 
 def folders_table(folders: list[dict[str, Any]]) -> None:

@@ -20,6 +20,10 @@ Sizes
     (``1.5 GiB``, ``768 MiB``, ``1000 B``), so parsing the text gives the same size back.
     ``format_size_rounded``: a size as people read it in a sentence, to one decimal place in the
     largest binary unit it reaches (``900.0 MiB``, ``1.1 GiB``, ``512 B``): for usage figures.
+    ``format_size_shown``: a size in a table or a form, always in the largest binary unit it
+    reaches: ``format_size``'s exact text when it is in that unit (``2 GiB``, ``1.25 GiB``), else
+    ``format_size_rounded``'s (``23.5 GiB``, never ``24684092 KiB``). The pages' ``fmtMem``
+    (static/js/common.js) writes the same text.
 Slot amounts
     ``parse_amount``: an exact, finite, non-negative decimal (``2``, ``"0.5"``) with at most
     ``MAX_AMOUNT_DIGITS`` digits before the point and ``MAX_AMOUNT_PLACES`` after it.
@@ -51,6 +55,8 @@ __all__ = [
     "format_decimal",
     "format_duration",
     "format_size",
+    "format_size_rounded",
+    "format_size_shown",
     "format_slot",
     "parse_amount",
     "parse_duration",
@@ -193,6 +199,20 @@ def format_size_rounded(size: int) -> str:
             tenths = (size * 10 + unit // 2) // unit
             return f"{tenths // 10}.{tenths % 10} {label}"
     return f"{size} B"
+
+
+def format_size_shown(size: int | Decimal) -> str:
+    """``2147483648`` -> ``2 GiB``; ``25276510208`` -> ``23.5 GiB``; ``200000`` -> ``195.3 KiB``:
+    in the largest binary unit the size reaches, exact when two decimal places say it exactly."""
+    exact = format_size(size)
+    value = Decimal(size)
+    if not value.is_finite() or value.adjusted() > _PLAIN_EXPONENT or abs(value) < 1024:
+        return exact
+    whole = int(abs(value))
+    largest = next(label for label, unit in _SIZE_LABELS if whole >= unit)
+    if exact.endswith(f" {largest}"):
+        return exact
+    return format_size_rounded(int(value.to_integral_value(rounding=ROUND_HALF_UP)))
 
 
 # --- slot amounts -------------------------------------------------------------------------------

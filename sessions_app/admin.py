@@ -7,6 +7,7 @@ Slots and durations are typed and shown with units (``sessions_app.forms``).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +19,8 @@ from django.db import models
 from django.db.models import QuerySet
 from django.forms.utils import pretty_name
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from knox.models import AuthToken
@@ -26,7 +29,17 @@ from bai_common import units
 
 from . import agent_selectors, services
 from .errors import ApplicationError, InvalidInput
-from .forms import ADMIN_CSS, DurationInput, SlotsField, slot_unit, slots_text
+from .forms import (
+    ADMIN_CSS,
+    DurationInput,
+    KeyValueOptionsField,
+    ServicePortsField,
+    SessionTypesField,
+    SizeInput,
+    SlotsField,
+    slot_unit,
+    slots_text,
+)
 from .models import (
     Agent,
     DataFolder,
@@ -94,9 +107,9 @@ class AgentSelectorField(forms.ChoiceField):
 
 
 # Admin forms: the ModelAdmin supplies the model and the fields.
-class ResourceGroupForm(forms.ModelForm):
-    """Also the changelist's form (``agent_selection`` is list-editable there), so every check
-    works with or without the options field."""
+class ResourceGroupListForm(forms.ModelForm):
+    """The changelist's form (``agent_selection`` is list-editable there) and the base of the
+    page's: every check works with or without the options field."""
 
     agent_selection = AgentSelectorField(
         initial="concentrated",
@@ -112,21 +125,6 @@ class ResourceGroupForm(forms.ModelForm):
         if current and current not in agent_selectors.agent_selector_names():
             # Shown as it is, so that saving without choosing another says what is wrong.
             field.choices = [*field.choices, (current, f"{current} (not installed)")]
-
-    def clean_allowed_session_types(self) -> Any:
-        value = self.cleaned_data["allowed_session_types"]
-        known = SessionType.values
-        if not isinstance(value, list) or any(v not in known for v in value):
-            raise forms.ValidationError(f"A list of session types, from: {', '.join(known)}.")
-        return value
-
-    def clean_agent_selector_options(self) -> Any:
-        value = self.cleaned_data["agent_selector_options"]
-        if value is None or value == "":
-            return {}
-        if not isinstance(value, dict):
-            raise forms.ValidationError('A JSON object, such as {} or {"prefix": "gpu-"}.')
-        return value
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
@@ -149,16 +147,34 @@ class ResourceGroupForm(forms.ModelForm):
         return cleaned
 
 
+class ResourceGroupForm(ResourceGroupListForm):
+    """A group's page: session types as checkboxes, the selector's options as lines."""
+
+    allowed_session_types = SessionTypesField(
+        label="Allowed session types", choices=SessionType.choices
+    )
+    agent_selector_options = KeyValueOptionsField(
+        label="Agent selector options",
+        help_text="The selector checks them; the built-ins take none.",
+    )
+
+
 # Slots typed by an admin are checked and stored as exact decimal strings ("2g"
 # becomes bytes): a typo here would otherwise break every launch that reads them.
 class ImageForm(forms.ModelForm):
     min_slots = SlotsField(label="Minimum per container", empty_means="Empty: no minimum.")
+    service_ports = ServicePortsField(label="Apps (service ports)")
 
 
 class ResourcePolicyForm(forms.ModelForm):
     total_resource_slots = SlotsField(
         label="Total resource slots",
         empty_means="The most a user may hold at once, over all their sessions. Empty: unlimited.",
+    )
+    max_folder_bytes = SizeInput(
+        label="Max size of all folders",
+        required=False,
+        help_text="Over all the user's own folders. Empty: unlimited.",
     )
 
 
@@ -194,7 +210,8 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         "session_selection",
         "num_retries_to_skip",
         "agent_selection",
-        "agent_selector_options",
+        "selector_options",
+        "session_types",
         "pending_timeout",
     ]
     list_editable = ["session_selection", "agent_selection"]
@@ -215,9 +232,21 @@ class ResourceGroupAdmin(admin.ModelAdmin):
         ("Limits", {"fields": ["allowed_session_types", "pending_timeout"]}),
     ]
 
+    @admin.display(description="agent selector options")
+    def selector_options(self, obj: ResourceGroup) -> str:
+        options = obj.agent_selector_options
+        if not isinstance(options, dict) or not options:
+            return "none"
+        return ", ".join(f"{key} = {value}" for key, value in options.items())
+
+    @admin.display(description="session types")
+    def session_types(self, obj: ResourceGroup) -> str:
+        types = obj.allowed_session_types
+        return ", ".join(map(str, types)) if isinstance(types, list) and types else "none"
+
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         # The installed selectors' select, and the options check, in the list too.
-        kwargs.setdefault("form", ResourceGroupForm)
+        kwargs.setdefault("form", ResourceGroupListForm)
         return _cells_named(super().get_changelist_form(request, **kwargs))
 
 
@@ -234,13 +263,14 @@ def _amount(slots: dict[str, Any], slot: str) -> Decimal:
 
 
 def _used_of(slot: str, used: Decimal, total: Decimal) -> str:
-    """``2.5 / 8 cores``, ``40 / 128 GiB`` (the unit once when both share it), ``1 / 2``."""
-    used_text, total_text = units.format_amount(slot, used), units.format_amount(slot, total)
+    """``2.5 / 8 cores``, ``1 / 23.5 GiB`` (the unit once when both share it), ``1 / 2``."""
     if slot == "mem":
+        used_text, total_text = units.format_size_shown(used), units.format_size_shown(total)
         number, _, unit = used_text.partition(" ")
         if used == 0 or total_text.endswith(f" {unit}"):
             used_text = number
         return f"{used_text} / {total_text}"
+    used_text, total_text = units.format_amount(slot, used), units.format_amount(slot, total)
     unit = slot_unit(slot)
     return f"{used_text} / {total_text} {unit}" if unit else f"{used_text} / {total_text}"
 
@@ -287,14 +317,13 @@ class AgentAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "resource_group",
-        "status",
-        "schedulable",
+        "state",
         "backend",
         "hostname",
         "usage",
-        "last_heartbeat_at",
+        "heartbeat",
     ]
-    list_filter = ["status", "resource_group", "backend"]
+    list_filter = ["status", "schedulable", "resource_group", "backend"]
     search_fields = ["id", "hostname"]
     # The agent reports its capacity when it registers; what is occupied is the
     # manager's to count. Neither is typed here.
@@ -325,6 +354,28 @@ class AgentAdmin(admin.ModelAdmin):
     @admin.display(description="used / capacity")
     def usage(self, obj: Agent) -> SafeString:
         return usage_bars(obj.capacity_slots or {}, obj.occupied_slots or {})
+
+    @admin.display(description="status", ordering="status")
+    def state(self, obj: Agent) -> str:
+        """The status, and whether it is drained (one column: the list fits a laptop)."""
+        if obj.schedulable:
+            return obj.get_status_display()
+        return format_html(
+            '{}<span class="bai-sub">not schedulable</span>', obj.get_status_display()
+        )
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
+    def heartbeat(self, obj: Agent) -> str:
+        """How long ago (``12 s ago``), the time itself on hover: narrow enough for the list."""
+        if obj.last_heartbeat_at is None:
+            return "never"
+        age = max(timezone.now() - obj.last_heartbeat_at, timedelta(0))
+        return format_html(
+            '<time datetime="{}" title="{}">{} ago</time>',
+            obj.last_heartbeat_at.isoformat(),
+            date_format(timezone.localtime(obj.last_heartbeat_at), "DATETIME_FORMAT"),
+            units.format_duration(timedelta(seconds=int(age.total_seconds()))),
+        )
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
         token = None if change else obj.set_new_token()

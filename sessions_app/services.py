@@ -335,7 +335,8 @@ def folder_create(*, owner: AbstractBaseUser, name: str) -> DataFolder:
     with transaction.atomic():
         if policy is not None and policy.max_folders is not None:
             # Serialise this owner's creations so two at once cannot both pass the count.
-            type(owner).objects.select_for_update().filter(pk=owner.pk).first()
+            # The user model, not the owner's class: a request's user is a lazy wrapper.
+            get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
             count = DataFolder.objects.filter(owner=owner).count()
             if count >= policy.max_folders:
                 raise QuotaExceeded(

@@ -11,6 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.views import defaults
@@ -133,7 +134,7 @@ def slots_text(slots: Mapping[str, Any]) -> str:
             parts.append(f"{raw} {slot}")
             continue
         if slot == "mem":
-            parts.append(units.format_size(value))
+            parts.append(units.format_size_shown(value))
         elif value or slot == "cpu":
             name = {"cpu": "CPU", "cuda.device": "GPU"}.get(slot, slot)
             parts.append(f"{units.format_decimal(value)} {name}")
@@ -307,8 +308,12 @@ def folder_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def folder_browse(request: HttpRequest, folder_id: int) -> HttpResponse:
-    """One folder's files. Whether the user may see it is the API's to say (404 otherwise)."""
-    return render(request, "folders/browse.html", {"folder_id": folder_id})
+    """One folder's files: a folder the user may not see does not exist (404), as in the API."""
+    try:
+        access = selectors.get_folder_for_user(user=request.user, folder_id=folder_id)
+    except NotFound:
+        raise Http404("No such folder.") from None
+    return render(request, "folders/browse.html", {"folder_id": access.folder.pk})
 
 
 # --- error pages: HTML for people, the API's JSON under /api/ -------------------------
@@ -320,6 +325,13 @@ def healthz(request: HttpRequest) -> HttpResponse:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return HttpResponse("ok\n", content_type="text/plain")
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """The icon, for browsers that ask /favicon.ico (pages without an icon link: the API's
+    JSON, a downloaded file). Resolved per request: the static manifest may come later."""
+    return redirect(static("favicon.svg"), permanent=True)
 
 
 @require_GET

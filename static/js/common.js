@@ -101,12 +101,22 @@ export function liveSocket(path, { onOpen, onMessage, onClose, finalCodes = [440
 
 // --- formatting -----------------------------------------------------------
 
+const SIZE_LABELS = [["PiB", 2 ** 50], ["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+
+/**
+ * A size as bai_common.units.format_size_shown writes it: in the largest binary unit it reaches,
+ * exact when two decimal places say it exactly (2 GiB, 1.25 GiB), else to one place, half up
+ * (23.5 GiB, 195.3 KiB).
+ */
 export function fmtMem(bytes) {
   const n = Number(bytes);
   if (!isFinite(n)) return String(bytes);
-  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
-  for (const [unit, size] of units) {
-    if (n >= size) return `${+(n / size).toFixed(2)} ${unit}`;
+  if (n < 0) return `-${fmtMem(-n)}`;
+  for (const [unit, size] of SIZE_LABELS) {
+    if (n < size) continue;
+    if (Number.isInteger(((n % size) * 100) / size)) return `${+(n / size).toFixed(2)} ${unit}`;
+    const tenths = Math.floor((n * 10 + size / 2) / size);
+    return `${Math.floor(tenths / 10)}.${tenths % 10} ${unit}`;
   }
   return `${n} B`;
 }
@@ -261,7 +271,7 @@ export function el(spec, attrs = {}, ...children) {
     else if (k === "text") node.textContent = v;
     else node.setAttribute(k, v === true ? "" : v);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }

@@ -12,8 +12,6 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ADMIN_PASSWORD = "root-pass-123"
-
 
 @pytest.fixture
 def db_call():
@@ -24,35 +22,6 @@ def db_call():
     with ThreadPoolExecutor(1) as pool:
         yield lambda fn: pool.submit(fn).result()
         pool.submit(lambda: connections.close_all()).result()  # that thread's own connection
-
-
-@pytest.fixture
-def admin_with_password(admin, settings):
-    """The superuser, with a password the live server can check (its hashers are the defaults)."""
-    from django.conf import global_settings
-
-    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-    admin.set_password(ADMIN_PASSWORD)
-    admin.save(update_fields=["password"])
-    return admin
-
-
-@pytest.fixture
-def admin_page(admin_with_password, live_server_url, browser):
-    """A Chromium page logged in to the admin as a superuser."""
-    admin = admin_with_password
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.js_errors = []
-    page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))
-    page.goto(f"{live_server_url}/admin/login/")
-    page.fill("#id_username", admin.username)
-    page.fill("#id_password", ADMIN_PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#site-name")
-    yield page
-    context.close()
 
 
 def _open(page, url: str) -> None:

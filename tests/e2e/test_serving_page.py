@@ -129,9 +129,9 @@ def test_a_model_is_deployed_watched_and_called_from_the_serving_pages(
     shot(page, "endpoint-answered", full_page=True)
 
     other = login("bob", screenshot=False)
-    other.goto(f"{live_server_url}/serving/{endpoint_id}/")
-    other.wait_for_function("() => window.endpointReady === true")
-    assert "No such endpoint" in other.inner_text("#error")
+    # Not bob's: its page is not found, as for an endpoint that does not exist.
+    assert other.goto(f"{live_server_url}/serving/{endpoint_id}/").status == 404
+    assert "Nothing here" in other.inner_text("main")
     other.goto(f"{live_server_url}/serving/")
     other.wait_for_function("() => window.servingReady === true")
     assert other.locator("#endpoints-body tr").count() == 0

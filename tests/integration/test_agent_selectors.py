@@ -73,7 +73,7 @@ def _add_url() -> str:
     return reverse("admin:sessions_app_resourcegroup_add")
 
 
-def _group_form(name: str = "g2", **changes: str) -> dict[str, str]:
+def _group_form(name: str = "g2", **changes: object) -> dict[str, object]:
     form = {
         "name": name,
         "is_active": "on",
@@ -81,7 +81,7 @@ def _group_form(name: str = "g2", **changes: str) -> dict[str, str]:
         "num_retries_to_skip": "0",
         "agent_selection": "concentrated",
         "agent_selector_options": "{}",
-        "allowed_session_types": '["interactive", "batch"]',
+        "allowed_session_types": ["interactive", "batch"],
         "pending_timeout": "",
     }
     form.update(changes)

@@ -134,6 +134,21 @@ def test_creating_past_max_folders_is_refused_with_the_figures(as_alice, group):
     assert not DataFolder.objects.filter(name="three").exists()
 
 
+def test_a_browser_session_creates_folders_under_max_folders(client, alice, group):
+    # The browser's path: session login, so the request's user is a lazy wrapper.
+    policy(max_folders=2)
+    client.force_login(alice)
+    for name in ("one", "two"):
+        response = client.post("/api/v1/folders/", {"name": name}, content_type="application/json")
+        assert response.status_code == 201, response.content
+    error(
+        client.post("/api/v1/folders/", {"name": "three"}, content_type="application/json"),
+        403,
+        "You have 2 folders, the most your policy allows (2).",
+    )
+    assert sorted(DataFolder.objects.values_list("name", flat=True)) == ["one", "two"]
+
+
 def test_the_quota_endpoint_gives_counts_and_bytes(as_alice, folder):
     assert as_alice.get("/api/v1/folders/quota/").json() == {
         "folder_count": 1,

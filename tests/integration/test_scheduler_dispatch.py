@@ -13,7 +13,6 @@ session list in Django admin.
 
 from __future__ import annotations
 
-import json
 import threading
 from datetime import timedelta
 
@@ -65,7 +64,7 @@ def admin_edit_group(client, admin, group, **changes):
         "session_selection": group.session_selection,
         "num_retries_to_skip": str(group.num_retries_to_skip),
         "agent_selection": group.agent_selection,
-        "allowed_session_types": json.dumps(group.allowed_session_types),
+        "allowed_session_types": group.allowed_session_types,
         "pending_timeout": "",
         "_save": "Save",
     }

@@ -16,6 +16,7 @@ from bai_common.units import (
     format_decimal,
     format_duration,
     format_size,
+    format_size_shown,
     format_slot,
     parse_amount,
     parse_duration,
@@ -130,6 +131,25 @@ def test_a_formatted_size_parses_back_to_the_same_size(size):
 @pytest.mark.parametrize("size", [10**30, 10**70, 2**1000])
 def test_a_size_beyond_every_bound_still_formats_briefly(size):
     assert len(format_size(size)) < 2 * MAX_TEXT
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (0, "0 B"),
+        (1000, "1000 B"),
+        (GIB, "1 GiB"),
+        (GIB + GIB // 4, "1.25 GiB"),
+        # a node's memory as a machine reports it: not "24684092 KiB"
+        (24684092 * KIB, "23.5 GiB"),
+        (GIB + KIB, "1.0 GiB"),
+        (200000, "195.3 KiB"),
+        (5 * PIB + 1, "5.0 PiB"),
+        (-24684092 * KIB, "-23.5 GiB"),
+    ],
+)
+def test_a_shown_size_is_always_in_the_largest_unit_it_reaches(size, text):
+    assert format_size_shown(size) == text
 
 
 # --- slot amounts -------------------------------------------------------------------------------

@@ -155,10 +155,37 @@ def websocket_limit() -> int:
     return max(protocol.max_frame_chars(settings.BAI_LOG_TAIL_BYTES), code_run_limit())
 
 
+def static_files_missing() -> str | None:
+    """Why production cannot serve its pages yet, or None.
+
+    Production serves the hashed, compressed copies that ``collectstatic`` writes
+    (whitenoise's manifest storage); without its manifest every page that names a
+    static file fails with "Missing staticfiles manifest entry".
+    """
+    import django
+    from django.conf import settings
+
+    django.setup()
+    from django.contrib.staticfiles.storage import ManifestFilesMixin, staticfiles_storage
+
+    if not isinstance(staticfiles_storage, ManifestFilesMixin):
+        return None
+    if staticfiles_storage.read_manifest() is not None:
+        return None
+    return (
+        f"static files are not collected into {settings.STATIC_ROOT}: run "
+        "`python manage.py collectstatic --noinput` (with the same environment) before "
+        "starting the manager, and again after each upgrade"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     from daphne.cli import CommandLineInterface
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
+    problem = static_files_missing()
+    if problem:
+        sys.exit(f"backendai_web.serve: {problem}")
     limit = str(websocket_limit())
     sizes = ["--websocket-max-message-size", limit, "--websocket-max-frame-size", limit]
     from twisted.web.http import HTTPChannel

@@ -27,6 +27,8 @@ import argparse
 import http.client
 import os
 import platform
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -225,13 +227,32 @@ def _open_jupyter(browser, stack: Stack, session_id: str) -> tuple[float, float]
         context.close()
 
 
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float = 60) -> None:
+    """Until the apps proxy accepts connections (it takes seconds on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"the apps proxy did not listen on {port}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--jupyter-runs", type=int, default=3)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.clients, args.mb, args.jupyter_runs = 20, 4, 1, 1
 
     apps_port = streams.apps_environment()
     ids = streams.setup_database()
@@ -251,7 +272,7 @@ def main() -> None:
         stderr=streams.subprocess.STDOUT,
     )
     try:
-        time.sleep(2)
+        wait_listening(proxy, apps_port)
         token = ids["token"]
         session = launch(
             stack,

@@ -276,7 +276,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--mb", type=int, default=64)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.mb = 5, 1
     # Room for the flood: the output limit applies per run (agents learn it at registration).
     os.environ["BAI_EXEC_OUTPUT_LIMIT"] = str(max(8, 2 * args.mb) << 20)
     os.environ.setdefault("BAI_EXEC_FLUSH", "1.5")

@@ -83,7 +83,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 4
     os.environ.setdefault("BAI_EXEC_FLUSH", "1.5")
     ids = streams.setup_database()
     stack = Stack(ids["agent_token"], app="exec_lean:application")

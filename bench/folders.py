@@ -138,7 +138,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=int, default=1024, help="MiB to upload and download")
     parser.add_argument("--files", type=int, default=10_000, help="files in the listed directory")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.files = 4, 50
 
     tmp = Path(tempfile.mkdtemp(prefix="bai-bench-folders-"))
     storage = (tmp / "storage").resolve()

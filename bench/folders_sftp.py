@@ -210,7 +210,14 @@ def main() -> None:
         default=SFTP_RESOURCES["cpu"],
         help=f"the SFTP kernel's CPU quota (default an SFTP session's, {SFTP_RESOURCES['cpu']})",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.mb = 4
     figures = asyncio.run(_standalone(args.mb, args.cpu, SFTP_RESOURCES["mem"]))
     report(figures, args.mb)
     print(

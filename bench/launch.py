@@ -252,7 +252,14 @@ def main() -> None:
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     IMAGE = args.image
     db_name = args.database_url.rsplit("/", 1)[1]
     subprocess.run(

@@ -61,7 +61,9 @@ from django.contrib.auth import get_user_model
 from sessions_app.models import ResourcePolicy
 from sessions_app.tokens import token_create
 User = get_user_model()
-admin = User.objects.filter(is_superuser=True).order_by("pk").first()
+admin = User.objects.filter(is_superuser=True).order_by("pk").first() or User.objects.create_superuser(
+    f"load-{run}-admin", password=None
+)
 tokens = []
 for i in range(1, {users} + 1):
     # Users of this run only: an earlier run's detached terminals may still hold places.
@@ -76,6 +78,31 @@ from sessions_app.models import ACTIVE, Session
 print(json.dumps([str(pk) for pk in Session.objects.filter(
     owner__username__startswith="load-{run}-", status__in=ACTIVE).values_list("pk", flat=True)]))
 """
+
+# --smoke's own manager: the rows it needs, and its agent's token.
+SMOKE_SETUP = f"""
+from sessions_app.models import Agent, Image, ResourceGroup, ResourcePolicy
+group, _ = ResourceGroup.objects.get_or_create(name="default")
+ResourcePolicy.objects.get_or_create(is_default=True, defaults={{"name": "default"}})
+Image.objects.get_or_create(reference="{IMAGE}")
+agent = Agent.objects.filter(pk="bench-node").first() or Agent(
+    id="bench-node", resource_group=group, capacity_slots={{}}
+)
+token = agent.set_new_token()
+agent.save()
+print(token)
+"""
+
+
+def smoke_manager():  # noqa: ANN201
+    """A manager of its own for --smoke: the database of DATABASE_URL (migrated), one
+    daphne and one Docker agent on loopback (bench/streams.py's stack)."""
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from streams import Stack
+
+    return Stack(manage(SMOKE_SETUP))
+
 
 # What the database says, for the comparison with /metrics (the same moment: nothing moves then).
 FIGURES = """
@@ -210,7 +237,25 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=12)
     parser.add_argument("--spawn-rate", type=float, default=2.0)
     parser.add_argument("--run-time", type=int, default=90, help="seconds")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, against a manager of its own (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if not args.smoke:
+        return load(parser, args)
+    stack = smoke_manager()
+    try:
+        args.url, args.users, args.spawn_rate, args.run_time = stack.url, 2, 2.0, 10
+        time.sleep(2)  # let the agent register
+        load(parser, args)
+        return 0  # a smoke run judges no check
+    finally:
+        stack.stop()
+
+
+def load(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     host = urlparse(args.url).hostname or ""
     if not (host.startswith("127.") or host in ("localhost", "::1")):
         parser.error("loopback addresses only")

@@ -221,7 +221,14 @@ def main() -> None:
         "--churn", type=float, default=0.03, help="share of running ended per round"
     )
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.agents, args.sessions, args.users, args.repeat, args.rounds = 20, 100, 5, 1, 2
 
     ensure_database(args.database_url)
     setup_django(args.database_url)

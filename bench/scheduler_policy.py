@@ -272,7 +272,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--compare", metavar="REV", help="also time policy.py of this git revision")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.agents, args.sessions, args.users, args.repeat = 20, 100, 5, 1
 
     print(
         f"# scheduler policy benchmark -- {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "

@@ -311,7 +311,14 @@ def main() -> None:
     parser.add_argument(
         "--no-scaling", action="store_true", help="only parts 1 and 2 (latency, requests/s)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run, to see that it works (the test suite runs it so)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.clients = 20, 2
 
     # This process runs the reconciler (and the services it calls) as a worker would.
     os.environ.update(

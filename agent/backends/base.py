@@ -18,7 +18,6 @@ import os
 import resource
 import socket
 import subprocess
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -606,75 +605,104 @@ def trim_tail(data: bytes, limit: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-class ThreadPipe:
-    """Hands bytes from a reader thread to the event loop, coalescing them.
+LIVE_OUTPUT_LIMIT = 4 * 1024 * 1024  # output kept for a follower that lags behind
 
-    The thread calls :meth:`push` (it blocks while more than ``high_water`` bytes wait,
-    which is the back-pressure on a fast producer); the loop awaits :meth:`get`,
-    which returns everything that arrived since the last call. The loop is woken
-    once per batch, not once per push, which is what makes 50k lines/s cheap.
+
+class LiveOutput:
+    """Drains a live output source into a bounded buffer, at once, whatever the follower does.
+
+    ``read`` returns the next block of output, or None at the end. The engine blocks a
+    container's output while an attached reader does not read, so the source is read
+    as fast as it comes and a follower that lags never slows the kernel: past
+    ``limit`` bytes waiting, output is skipped until the follower has taken what
+    waits, and the follower is told how much it missed, where it was missed.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, high_water: int = 4 * 1024 * 1024):
-        self._loop = loop
-        self._cond = threading.Condition()
+    def __init__(
+        self, read: Callable[[], Awaitable[bytes | None]], limit: int = LIVE_OUTPUT_LIMIT
+    ) -> None:
+        self._read = read
+        self._limit = limit
         self._chunks: list[bytes] = []
         self._size = 0
+        self._skipped = 0
         self._eof = False
-        self._closed = False
-        self._high_water = high_water
         self._event = asyncio.Event()
+        self._task = asyncio.create_task(self._drain())
 
-    def push(self, data: bytes) -> bool:
-        """Thread side. Returns False once the loop side has closed the pipe."""
-        with self._cond:
-            while self._size > self._high_water and not self._closed:
-                self._cond.wait(0.5)
-            if self._closed:
-                return False
-            wake = not self._chunks
-            self._chunks.append(data)
-            self._size += len(data)
-        if wake:
-            self._wake()
-        return True
-
-    def finish(self) -> None:
-        """Thread side: no more data."""
-        with self._cond:
+    async def _drain(self) -> None:
+        try:
+            while (data := await self._read()) is not None:
+                if not data:
+                    continue
+                if self._skipped or self._size + len(data) > self._limit:
+                    self._skipped += len(data)
+                    continue
+                self._chunks.append(data)
+                self._size += len(data)
+                self._event.set()
+        finally:
             self._eof = True
-        self._wake()
+            self._event.set()
 
-    def _wake(self) -> None:
-        with contextlib.suppress(RuntimeError):  # loop already closed
-            self._loop.call_soon_threadsafe(self._event.set)
+    def drop_head(self, seen: bytes) -> None:
+        """Drop the longest start of what waits that ends ``seen`` (output read twice:
+        once in ``seen``, once live), so each byte reaches the follower once."""
+        data = b"".join(self._chunks)
+        cut = overlap(seen, data)
+        if cut:
+            self._chunks = [data[cut:]] if cut < len(data) else []
+            self._size -= cut
 
     async def get(self) -> bytes | None:
-        """Loop side: the next batch, or None at the end."""
+        """Everything that arrived since the last call; None at the end."""
         while True:
-            with self._cond:
-                if self._chunks:
-                    data = b"".join(self._chunks)
-                    self._chunks.clear()
-                    self._size = 0
-                    self._cond.notify_all()
-                    return data
-                if self._eof:
-                    return None
-                self._event.clear()
+            if self._chunks or self._skipped:
+                data = b"".join(self._chunks)
+                if self._skipped:
+                    data += SKIPPED_NOTE.format(self._skipped).encode()
+                self._chunks, self._size, self._skipped = [], 0, 0
+                return data
+            if self._eof:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task  # a failed read raises here
+                return None
+            self._event.clear()
             await self._event.wait()
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
 
 
-async def chunked_text(pipe: ThreadPipe) -> AsyncIterator[str]:
-    """Decode a pipe's batches as UTF-8 text chunks of bounded size."""
+SKIPPED_NOTE = "\n[backend.ai: {} bytes of output skipped here: this view fell behind]\n"
+
+
+def overlap(seen: bytes, data: bytes) -> int:
+    """The length of the longest start of ``data`` that is an end of ``seen``."""
+    most = min(len(seen), len(data))
+    if not most:
+        return 0
+    probe = data[: min(most, 256)]
+    pos = seen.find(probe, len(seen) - most)
+    while pos >= 0:
+        if data.startswith(seen[pos:]):
+            return len(seen) - pos
+        pos = seen.find(probe, pos + 1)
+    for size in range(min(most, len(probe) - 1), 0, -1):  # ends shorter than the probe
+        if seen.endswith(data[:size]):
+            return size
+    return 0
+
+
+async def chunked_text(output: LiveOutput, first: bytes = b"") -> AsyncIterator[str]:
+    """Decode ``first`` then the output's batches as UTF-8 text chunks of bounded size."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    data: bytes | None = first
     while True:
-        data = await pipe.get()
+        if not data:
+            data = await output.get()
         if data is None:
             rest = decoder.decode(b"", final=True)
             if rest:
@@ -684,6 +712,7 @@ async def chunked_text(pipe: ThreadPipe) -> AsyncIterator[str]:
             text = decoder.decode(data[start : start + LOG_CHUNK_MAX])
             if text:
                 yield text
+        data = b""
 
 
 class _Terminal:

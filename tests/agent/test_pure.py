@@ -3,6 +3,7 @@ the code runs' output buffers."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import subprocess
@@ -16,14 +17,16 @@ import pytest
 from agent.backends.base import (
     MIN_CPU,
     MIN_MEM,
+    LiveOutput,
+    chunked_text,
     kernel_limits,
+    overlap,
     render_env_file,
     render_ssh_environment,
     trim_tail,
 )
 from agent.backends.docker import (
     RUNNER,
-    Dechunker,
     Demuxer,
     network_driver,
     swarm_manager,
@@ -101,24 +104,79 @@ def _frame(stream: int, data: bytes) -> bytes:
     return struct.pack(">BxxxI", stream, len(data)) + data
 
 
-def _chunked(data: bytes, size: int) -> bytes:
-    out = b""
-    for i in range(0, len(data), size):
-        piece = data[i : i + size]
-        out += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
-    return out + b"0\r\n\r\n"
-
-
 @pytest.mark.parametrize("split", [1, 3, 7, 64, 10_000])
-def test_the_log_decoders_rebuild_the_stream_from_any_split(split):
-    payload = b"".join(_frame(1 + i % 2, f"line {i}\n".encode()) for i in range(200))
-    wire = _chunked(payload, 37)
-    dechunk, demux = Dechunker(), Demuxer()
+def test_the_demuxer_rebuilds_the_stream_from_any_split(split):
+    wire = b"".join(_frame(1 + i % 2, f"line {i}\n".encode()) for i in range(200))
+    demux = Demuxer()
     out = b""
     for i in range(0, len(wire), split):
-        out += demux.feed(dechunk.feed(wire[i : i + split]))
+        out += demux.feed(wire[i : i + split])
     assert out == b"".join(f"line {i}\n".encode() for i in range(200))
-    assert dechunk.done
+
+
+@pytest.mark.parametrize(
+    ("seen", "data", "expected"),
+    [
+        (b"", b"abc", 0),
+        (b"abc", b"", 0),
+        (b"1\n2\n3\n", b"3\n4\n", 2),  # the live output starts inside the tail
+        (b"1\n2\n3\n", b"2\n3\n4\n", 4),
+        (b"1\n2\n3\n", b"4\n5\n", 0),  # nothing in common
+        (b"1\n2\n3\n", b"1\n2\n3\n", 6),  # all of it seen already
+        (b"x" * 1000 + b"tail-end", b"tail-end and more", 8),
+        (b"ab" * 500, b"ab" * 400 + b"c", 800),  # the longest overlap wins
+        (b"q" + b"z" * 300, b"z" * 300 + b"new", 300),  # longer than the probe
+    ],
+)
+def test_the_overlap_of_a_tail_and_live_output_is_their_longest_common_seam(seen, data, expected):
+    assert overlap(seen, data) == expected
+
+
+def _source(blocks):
+    """A live source that gives ``blocks`` then ends."""
+    queue = list(blocks)
+
+    async def read():
+        await asyncio.sleep(0)
+        return queue.pop(0) if queue else None
+
+    return read
+
+
+async def _collect(live, first=b""):
+    return "".join([text async for text in chunked_text(live, first)])
+
+
+def test_live_output_is_given_once_after_the_tail_that_already_holds_its_start():
+    async def run():
+        gate = asyncio.Event()
+        source = _source([b"2\n3\n", b"4\n"])
+
+        async def read():
+            await gate.wait()
+            return await source()
+
+        live = LiveOutput(read)
+        gate.set()
+        await asyncio.sleep(0.01)  # the live blocks arrive while the tail is read
+        tail = b"1\n2\n3\n"
+        live.drop_head(tail)
+        return await _collect(live, tail)
+
+    assert asyncio.run(run()) == "1\n2\n3\n4\n"
+
+
+def test_a_follower_that_lags_is_told_what_it_missed_and_the_source_is_never_held():
+    async def run():
+        blocks = [f"{i}\n".encode() * 100 for i in range(50)]  # 200 or 300 bytes each
+        live = LiveOutput(_source(blocks), limit=1000)
+        await asyncio.sleep(0.1)  # the follower takes nothing while all 50 arrive
+        return await _collect(live)
+
+    text = asyncio.run(run())
+    assert text.startswith("0\n" * 100 + "1\n" * 100)  # what fitted, in order
+    assert "[backend.ai: 13000 bytes of output skipped here: this view fell behind]" in text
+    assert "49\n" not in text  # the source was drained to its end, not held
 
 
 def _run_runner(home, command):

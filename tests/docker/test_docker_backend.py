@@ -427,21 +427,17 @@ async def test_follow_logs_streams_many_lines_in_order(backend, test_image):
     assert text == "".join(f"{i}\n" for i in range(1, 100001))
 
 
-async def test_a_followed_log_keeps_pace_with_a_kernel_printing_as_fast_as_it_can(
-    backend, test_image
-):
-    # The engine's log endpoint sends a line per HTTP chunk and capped this near
-    # 40-70k lines/s; the attach stream carries the engine's blocks (~350k lines/s here).
+async def test_a_followed_log_carries_every_line_in_order_in_blocks_not_lines(backend, test_image):
+    # The engine's log endpoint sends a line per HTTP chunk, which capped a followed log
+    # near 40-70k lines/s; the attach stream carries the engine's blocks. The speed is
+    # measured by bench/streams.py (never in a timed test); here: every line, in order,
+    # arriving in blocks rather than a line at a time.
     lines = 300_000
     spec = cluster_spec(test_image, hosts=("main1",), command=f"sleep 1; seq 1 {lines}")
     await run_cluster(backend, spec)
-    seen, first, last = 0, None, None
-    async for chunk in backend.follow_logs(spec["session_id"], 0):
-        first = first or time.perf_counter()
-        seen += chunk.count("\n")
-        last = time.perf_counter()
-    assert seen == lines
-    assert lines / (last - first) >= 150_000
+    chunks = [chunk async for chunk in backend.follow_logs(spec["session_id"], 0)]
+    assert "".join(chunks) == "".join(f"{i}\n" for i in range(1, lines + 1))
+    assert len(chunks) <= lines // 100, f"{len(chunks)} pieces for {lines} lines"
 
 
 async def test_a_followed_log_gives_the_tail_then_live_output_each_line_once(backend, test_image):

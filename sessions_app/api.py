@@ -286,6 +286,24 @@ def _seconds(value: Any) -> int | None:
     return int(value.total_seconds()) if value is not None else None
 
 
+class SessionAppSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    title = serializers.CharField()
+    protocol = serializers.ChoiceField(choices=["http", "tcp"])
+    port = serializers.IntegerField()
+    on_demand = serializers.BooleanField(help_text="Started by the session when first opened.")
+    forward_url = serializers.CharField(
+        help_text="The apps proxy's raw-TCP websocket (`Authorization: Token`) that `bai app` "
+        "forwards a local port through."
+    )
+    forward_token = serializers.CharField(
+        allow_null=True,
+        help_text="The token an app the session starts (Jupyter) asks for when reached through "
+        "a forwarded port: open `http://HOST:PORT/?token=<it>` (`bai app` prints that link). "
+        "On the apps origin the proxy presents it itself. Null for the user's own ports.",
+    )
+
+
 class SessionOutputSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     image = serializers.CharField(source="image.reference")
@@ -346,13 +364,20 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "kernels",
         ]
 
+    @extend_schema_field(SessionAppSerializer(many=True))
     def get_apps(self, obj: Session) -> list[dict[str, Any]]:
         """main1's apps (the image's, then the user's ports), for the launcher; each
-        with the websocket that ``bai app`` forwards a local port through."""
+        with the websocket that ``bai app`` forwards a local port through, and the
+        token an app the session starts (Jupyter) asks for there."""
         return [
             {
                 **app.to_dict(),
                 "forward_url": services.app_forward_url(session_id=obj.pk, app=app.name),
+                "forward_token": (
+                    services.app_secret(session_id=obj.pk, app=app.name)
+                    if app.start_command
+                    else None
+                ),
             }
             for app in selectors.session_apps(session=obj)
         ]

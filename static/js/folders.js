@@ -5,6 +5,7 @@
 // Test hooks: window.foldersReady, window.sftpState[sessionId] = the last info.
 
 import { api, badge, el, fmtMem, isEnded, pageNotices, wireDialog } from "./common.js";
+import { confirmDialog } from "./dialogs.js";
 
 const $ = (id) => document.getElementById(id);
 const PERMISSION = { owner: "own", rw: "read-write", ro: "read-only" };
@@ -104,7 +105,7 @@ $("folder-create").addEventListener("submit", async (event) => {
 });
 
 async function remove(f) {
-  if (!confirm(`Delete folder “${f.name}” and every file in it? This cannot be undone.`)) return;
+  if (!(await confirmDialog({ title: `Delete folder ${f.name}?`, message: "The folder and every file in it are deleted. This cannot be undone.", action: "Delete folder" }))) return;
   try {
     await api(`folders/${f.id}/`, { method: "DELETE" });
   } catch (err) {

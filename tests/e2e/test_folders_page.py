@@ -128,11 +128,11 @@ def test_a_folder_is_made_filled_walked_and_emptied_in_the_browser(
     shot(page, "renamed")
 
     # Delete a file and the directory (the page asks first).
-    page.once("dialog", lambda dialog: dialog.accept())
     _row(page, "README.txt").locator('[data-action="delete"]').click()
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     page.wait_for_selector('#files-body tr[data-name="README.txt"]', state="detached")
-    page.once("dialog", lambda dialog: dialog.accept())
     _row(page, "plots").locator('[data-action="delete"]').click()
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     page.wait_for_selector('#files-body tr[data-name="plots"]', state="detached")
     assert _files(page) == {"data.csv": "file"}
     shot(page, "deleted")
@@ -213,8 +213,8 @@ def test_ssh_keys_are_added_refused_when_bad_and_deleted_on_the_profile(
     fingerprint = page.inner_text('#keys-body tr[data-name="laptop"] [data-role="fingerprint"]')
     assert fingerprint.startswith("SHA256:")
     shot(page, "ssh-key-added")
-    page.once("dialog", lambda dialog: dialog.accept())
     page.click('#keys-body tr[data-name="laptop"] [data-action="delete"]')
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     page.wait_for_selector('#keys-body tr[data-name="laptop"]', state="detached")
     assert page.js_errors == []
 

@@ -151,8 +151,8 @@ def test_a_user_makes_a_template_with_a_sub_role_edits_it_and_imports_its_export
     assert yaml.safe_load(text) == {"name": "trainer", "description": "bigger main", "spec": spec}
 
     # Delete it (after a confirmation), then import the export back.
-    page.once("dialog", lambda dialog: dialog.accept())
     row.locator('[data-action="delete"]').click()
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     row.wait_for(state="detached")
     assert page.text_content("#status") == "Deleted template “trainer”."
     assert page.is_visible("#templates-empty")

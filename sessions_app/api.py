@@ -47,7 +47,7 @@ from .errors import (
     TooManyRequests,
     field_error,
 )
-from .launch import FOLDER_NAME
+from .launch import FOLDER_NAME, image_catalogue, template_warnings
 from .loop import db
 from .models import (
     ACTIVE,
@@ -582,6 +582,11 @@ class PreviewOutputSerializer(serializers.Serializer):
     resources = PreviewResourcesSerializer()
     quota = PreviewQuotaSerializer(help_text="What is left of the user's quota.")
     resource_group = PreviewGroupSerializer(help_text="What the chosen group has free now.")
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What the session will not do that you may count on, e.g. `ssh sub1` when "
+        "the sub kernels' image has no SSH server. A launch is not refused for them.",
+    )
 
 
 class SessionPreviewApi(APIView):
@@ -759,6 +764,7 @@ class KernelLogsApi(APIView):
 
 class TemplateSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", allow_null=True, default=None)
+    warnings = serializers.SerializerMethodField()
 
     class Meta:
         model = SessionTemplate
@@ -769,9 +775,20 @@ class TemplateSerializer(serializers.ModelSerializer):
             "owner",
             "is_shared",
             "spec",
+            "warnings",
             "created_at",
             "updated_at",
         ]
+
+    @extend_schema_field(
+        serializers.ListField(
+            child=serializers.CharField(),
+            help_text="What a session from it will not do that you may count on, e.g. `ssh "
+            "sub1` when its sub kernels' image has no SSH server (saved all the same).",
+        )
+    )
+    def get_warnings(self, obj: SessionTemplate) -> list[str]:
+        return template_warnings(obj.spec, self.context.get("images"))
 
 
 @extend_schema_field(openapi_schema(SPEC_SCHEMA))
@@ -824,7 +841,8 @@ class TemplateListCreateApi(APIView):
         query = _query(request, self.QuerySerializer)
         qs = selectors.templates_for_user(user=request.user, include_all=query["all"])
         qs = qs.select_related("owner")
-        return Response(TemplateSerializer(qs, many=True).data)
+        images = image_catalogue()  # one query for every template's warnings
+        return Response(TemplateSerializer(qs, many=True, context={"images": images}).data)
 
     @extend_schema(
         request=TemplateInputSerializer, responses={201: TemplateSerializer, **errors(409)}

@@ -586,6 +586,10 @@ function applyFit() {
   chip.replaceChildren(icon(v.kind), VERDICT_WORDS[v.kind]);
   const answered = !fit.failed && !fit.local;
   renderFitNumbers(answered ? fit : null);
+  // Valid, but not what the user may count on (`ssh sub1` with a sub image without SSH).
+  const warnings = (answered && fit.warnings) || [];
+  $("fit-warnings").replaceChildren(...warnings.map((w) => el("li", {}, w)));
+  $("fit-warnings").hidden = warnings.length === 0;
 
   apiErrors = fit.failed ? fit.failed.fields || {} : {};
   verdictErrors = [];
@@ -596,7 +600,7 @@ function applyFit() {
   if (!fit.failed) $("launch-error").hidden = true;
   renderErrors();
   updateLaunchButton();
-  window.launchFit = { pending: false, verdict: v.kind, reason: answered ? fit.reason : v.reason, answer: answered ? fit : null };
+  window.launchFit = { pending: false, verdict: v.kind, reason: answered ? fit.reason : v.reason, answer: answered ? fit : null, warnings };
 }
 
 function shownSlots(answer) {

@@ -95,6 +95,39 @@ def _hold(owner, image, agent, *, cpu: str, name: str, status: str = "RUNNING"):
     return session
 
 
+def _typed_in_picker(page, text: str):
+    """Open the dialog with a small session, type ``text`` into the dependency picker; the picker."""
+    _open(page)
+    page.fill("#f-cpu", "0.5")
+    page.fill("#f-mem", "0.25")
+    picker = page.locator("#f-deps-input")
+    picker.click()
+    picker.type(text)
+    return picker
+
+
+def _batch_sessions(node, image, rows) -> dict:
+    """Batch sessions (name, owner, status, result) on ``node``'s group, made off the browser's
+    thread; by name."""
+    from sessions_app.models import Session
+
+    def make():
+        return {
+            name: Session.objects.create(
+                owner=owner,
+                name=name,
+                image=image,
+                resource_group=node.resource_group,
+                status=status,
+                result=result,
+                session_type="batch",
+            )
+            for name, owner, status, result in rows
+        }
+
+    return orm(make)
+
+
 @pytest.fixture
 def node(make_agent, group):
     """One agent with 2 cpu and 8 GiB, alive to the scheduler (no daemon behind it)."""
@@ -358,36 +391,19 @@ def test_the_dependency_picker_finds_a_session_by_part_of_its_name(
 ):
     from sessions_app.models import Session
 
-    minimal = images["bai-kernel/minimal:1"]
-
-    def sessions():
-        alice, bob = users["alice"], users["bob"]
-        made = {}
-        for name, owner, status, result in [
+    alice, bob = users["alice"], users["bob"]
+    made = _batch_sessions(
+        node,
+        images["bai-kernel/minimal:1"],
+        [
             ("train-resnet", alice, "RUNNING", "UNDEFINED"),
             ("prep-data", alice, "PENDING", "UNDEFINED"),
             ("failed-run", alice, "TERMINATED", "FAILED"),
             ("train-bob", bob, "RUNNING", "UNDEFINED"),
-        ]:
-            made[name] = Session.objects.create(
-                owner=owner,
-                name=name,
-                image=minimal,
-                resource_group=node.resource_group,
-                status=status,
-                result=result,
-                session_type="batch",
-            )
-        return made
-
-    made = orm(sessions)
+        ],
+    )
     page = login("alice", screenshot=False)
-    _open(page)
-    page.fill("#f-cpu", "0.5")
-    page.fill("#f-mem", "0.25")
-    picker = page.locator("#f-deps-input")
-    picker.click()
-    picker.type("rain")
+    picker = _typed_in_picker(page, "rain")
     options = page.eval_on_selector_all(
         "#deps-options [role=option]",
         "els => els.map(e => e.querySelector('.opt-name').textContent)",
@@ -477,35 +493,19 @@ def test_the_picker_offers_ended_sessions_with_their_result_and_refuses_text_lef
 ):
     from sessions_app.models import Session
 
-    minimal = images["bai-kernel/minimal:1"]
-
-    def sessions():
-        made = {}
-        for name, status, result in [
-            ("train-1", "TERMINATED", "SUCCESS"),
-            ("train-2", "TERMINATED", "FAILED"),
-            ("prep", "RUNNING", "UNDEFINED"),
-        ]:
-            made[name] = Session.objects.create(
-                owner=users["alice"],
-                name=name,
-                image=minimal,
-                resource_group=node.resource_group,
-                status=status,
-                result=result,
-                session_type="batch",
-            )
-        return made
-
-    made = orm(sessions)
+    alice = users["alice"]
+    made = _batch_sessions(
+        node,
+        images["bai-kernel/minimal:1"],
+        [
+            ("train-1", alice, "TERMINATED", "SUCCESS"),
+            ("train-2", alice, "TERMINATED", "FAILED"),
+            ("prep", alice, "RUNNING", "UNDEFINED"),
+        ],
+    )
     page = login("alice", screenshot=False, viewport={"width": 1366, "height": 900})
     posts = _launch_posts(page)
-    _open(page)
-    page.fill("#f-cpu", "0.5")
-    page.fill("#f-mem", "0.25")
-    picker = page.locator("#f-deps-input")
-    picker.click()
-    picker.type("train")
+    picker = _typed_in_picker(page, "train")
     offered = page.eval_on_selector_all(
         "#deps-options [role=option]",
         "els => els.map(e => [e.querySelector('.opt-name').textContent, e.querySelector('.opt-meta').textContent])",
@@ -574,25 +574,10 @@ def test_the_picker_offers_ended_sessions_with_their_result_and_refuses_text_lef
 def test_the_picker_with_ended_sessions_on_a_phone(
     live_server_url, images, users, node, login, shot
 ):
-    from sessions_app.models import Session
-
-    minimal = images["bai-kernel/minimal:1"]
-    orm(
-        lambda: Session.objects.create(
-            owner=users["alice"],
-            name="train-2",
-            image=minimal,
-            resource_group=node.resource_group,
-            status="TERMINATED",
-            result="FAILED",
-            session_type="batch",
-        )
-    )
+    rows = [("train-2", users["alice"], "TERMINATED", "FAILED")]
+    _batch_sessions(node, images["bai-kernel/minimal:1"], rows)
     page = login("alice", screenshot=False, viewport={"width": 390, "height": 844})
-    _open(page)
-    picker = page.locator("#f-deps-input")
-    picker.click()
-    picker.type("train")
+    picker = _typed_in_picker(page, "train")
     _fit(page, "start_now")
     option = page.locator("#deps-options [role=option]").first
     option.scroll_into_view_if_needed()

@@ -255,6 +255,16 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
     assert panel.locator('[data-fact="user"]').inner_text() == "work"
     assert panel.locator('[data-fact="folders"]').inner_text() == "inbox"
     assert f"-P {port}" in panel.locator('[data-role="command"]').inner_text()
+    # The fingerprint shown is the one the server presents (as ssh-keygen -l prints it).
+    fingerprint = panel.locator('[data-fact="fingerprint"]').inner_text()
+    scanned = subprocess.run(
+        ["ssh-keyscan", "-p", port, host], capture_output=True, text=True, timeout=30
+    ).stdout
+    listed = subprocess.run(
+        ["ssh-keygen", "-lf", "-"], input=scanned, capture_output=True, text=True, timeout=30
+    ).stdout
+    assert fingerprint.startswith("SHA256:") and fingerprint in listed.split(), listed
+    assert "is ready" in page.inner_text("#status")  # "Starting…" is gone
     shot(page, "sftp-session-ready")
 
     with page.expect_download() as download:
@@ -299,5 +309,7 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
         f'#sftp-list .sftp-session[data-id="{session_id}"][data-status="TERMINATED"]',
         timeout=60_000,
     )
+    page.wait_for_function("() => document.getElementById('status').textContent.includes(' ended')")
+    assert page.is_hidden("#error")  # ending it as asked is no error
     shot(page, "sftp-session-ended")
     assert page.js_errors == []

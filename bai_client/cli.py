@@ -85,25 +85,38 @@ def login(manager: str, username: str, password_stdin: bool) -> None:
 # --- sessions ------------------------------------------------------------------------------
 
 
+list_options = with_options(
+    [
+        click.option("--status", help="Only sessions in this status, e.g. RUNNING."),
+        click.option(
+            "--all",
+            "everyone",
+            is_flag=True,
+            help="Admins: every user's sessions, with their owners (others: their own).",
+        ),
+        json_option,
+    ]
+)
+
+
 @main.group(invoke_without_command=True)
+@list_options
 @click.pass_context
-def sessions(ctx: click.Context) -> None:
-    """Your sessions (with no command: list them)."""
+def sessions(ctx: click.Context, status: str | None, everyone: bool, as_json: bool) -> None:
+    """Your sessions (with no command: list them, as ``sessions list`` does)."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(sessions_list)
+        ctx.invoke(sessions_list, status=status, everyone=everyone, as_json=as_json)
 
 
 @sessions.command("list")
-@click.option("--status", help="Only sessions in this status, e.g. RUNNING.")
-@click.option("--all", "everyone", is_flag=True, help="Admins: every user's sessions.")
-@json_option
+@list_options
 def sessions_list(status: str | None, everyone: bool, as_json: bool) -> None:
     """List your sessions, newest first."""
     query = {"status": status} if status else {}
     if everyone:
         query["all"] = "true"
     rows = _api(lambda: _client().sessions(**query))
-    output.echo_json(rows) if as_json else output.sessions_table(rows)
+    output.echo_json(rows) if as_json else output.sessions_table(rows, owners=everyone)
 
 
 @sessions.command("show")
@@ -179,12 +192,8 @@ def logs(session: str, kernel: str, follow: bool) -> None:
     session_id = _api(lambda: client.session_id(session))
     url = client.websocket_url(f"sessions/{session_id}/kernels/{kernel}/logs/")
 
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
     try:
-        _stream(read_log(url, client.token, follow=follow, write=write, say=_say))
+        _stream(read_log(url, client.token, follow=follow, write=output.write, say=_say))
     except KeyboardInterrupt:
         _say("Stopped.")
 
@@ -303,6 +312,11 @@ def app(session: str, app: str, bind: str) -> None:
 
     def ready(bound: int) -> None:
         click.echo(f"Forwarding {host}:{bound} -> {app} (port {found['port']}) of {detail['name']}")
+        if found.get("protocol") == "http":
+            # An app the session starts (Jupyter) asks for its token: this link logs you in.
+            where = f"[{host}]" if ":" in host else host
+            token = found.get("forward_token")
+            click.echo(f"Open http://{where}:{bound}/" + (f"?token={token}" if token else ""))
         click.echo("Press Ctrl-C to stop.", err=True)
 
     def log(message: str) -> None:

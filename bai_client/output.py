@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+from typing import IO, Any
 
 import click
 
 from bai_common import units
+
+
+def color() -> bool | None:
+    """Whether text keeps its colours (ANSI escapes, e.g. a kernel's traceback):
+    never under ``NO_COLOR`` (https://no-color.org); else as click decides, only
+    on a terminal (``None``)."""
+    return False if os.environ.get("NO_COLOR") else None
+
+
+def write(text: str, file: IO[str] | None = None, *, err: bool = False) -> None:
+    """``text`` as it is (no newline added), its colours stripped where ``color()``
+    says so."""
+    click.echo(text, file=file, nl=False, err=err, color=color())
 
 
 def echo_json(data: Any) -> None:
@@ -47,12 +61,23 @@ def _cluster(session: dict[str, Any]) -> str:
     return f"{session['cluster_size']} ({session['cluster_mode']})"
 
 
-def sessions_table(sessions: list[dict[str, Any]]) -> None:
+def sessions_table(sessions: list[dict[str, Any]], *, owners: bool = False) -> None:
+    """One row a session; ``owners``: with an OWNER column (``--all``)."""
     table(
-        ["ID", "NAME", "STATUS", "TYPE", "IMAGE", "CLUSTER", "APPS"],
+        [
+            "ID",
+            *(["OWNER"] if owners else []),
+            "NAME",
+            "STATUS",
+            "TYPE",
+            "IMAGE",
+            "CLUSTER",
+            "APPS",
+        ],
         [
             [
                 s["id"],
+                *([s.get("owner", "")] if owners else []),
                 s["name"],
                 s["status"],
                 s["type"],

@@ -16,6 +16,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from .output import write
+
 MAX_FRAME = 16 * 2**20
 # Without --follow, a live log is read until it has been quiet for LOG_QUIET
 # (the container's backlog comes first, in a burst), for at most BACKLOG_WINDOW
@@ -111,21 +113,20 @@ class Outcome:
 
 def show_record(record: dict[str, Any], out: Any = None, err: Any = None) -> None:
     """One output record as a terminal shows it: streams to their own, results
-    and displays as text (an image only as a note on stderr)."""
+    and displays as text (an image only as a note on stderr); colours only on a
+    terminal and without NO_COLOR (``output.write``)."""
     out, err = out or sys.stdout, err or sys.stderr
     kind, data, mime = record.get("kind"), record.get("data") or "", record.get("mime")
     if kind == "stdout":
-        out.write(data)
+        write(data, out)
     elif kind == "stderr":
-        err.write(data)
+        write(data, err)
     elif kind in ("result", "display") and mime and mime.startswith("image/png"):
-        err.write(f"[{mime} output of {len(data) * 3 // 4} bytes, not shown]\n")
+        write(f"[{mime} output of {len(data) * 3 // 4} bytes, not shown]\n", err)
     elif kind in ("result", "display"):
-        out.write(data if data.endswith("\n") else data + "\n")
-    else:  # error (a traceback), notice
-        err.write(data if data.endswith("\n") else data + "\n")
-    out.flush()
-    err.flush()
+        write(data if data.endswith("\n") else data + "\n", out)
+    else:  # error (a traceback, coloured by the kernel), notice
+        write(data if data.endswith("\n") else data + "\n", err)
 
 
 class _StdinLines:

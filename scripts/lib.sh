@@ -6,7 +6,11 @@ VENV="$ROOT/.venv"
 VAR="$ROOT/var"
 mkdir -p "$VAR"
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Bold only on a terminal, and never under NO_COLOR (https://no-color.org).
+say() {
+  if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then printf '\033[1m==> %s\033[0m\n' "$*" >&2
+  else printf '==> %s\n' "$*" >&2; fi
+}
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 APT_UPDATED=""
@@ -149,3 +153,26 @@ ensure_haproxy() { apt_install haproxy haproxy; }
 # Process kernels run in bubblewrap sandboxes (agent/backends/sandbox.py); nsenter and
 # unshare come with util-linux.
 ensure_bwrap() { apt_install bwrap bubblewrap; apt_install nsenter util-linux; }
+
+# The run command's children: start each in the background and add its pid to
+# SUPERVISED; `supervise_wait` then waits until one exits or the run is told to stop.
+# Ctrl-C (SIGINT) or SIGTERM: "stopping", every child is stopped, exit 0 (a stop
+# asked for is no failure). A child that exits on its own: said, the others are
+# stopped, exit 1. Call `supervise_traps` before starting anything.
+SUPERVISED=()
+supervise_stop() {
+  trap - INT TERM EXIT
+  local pid
+  for pid in "${SUPERVISED[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+supervise_traps() {
+  trap 'say "stopping"; supervise_stop; exit 0' INT TERM
+  trap supervise_stop EXIT
+}
+supervise_wait() {
+  wait -n "${SUPERVISED[@]}" || true
+  say "a component exited on its own; stopping the others (see the logs in var/)"
+  supervise_stop
+  exit 1
+}

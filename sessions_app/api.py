@@ -47,7 +47,7 @@ from .errors import (
     TooManyRequests,
     field_error,
 )
-from .launch import FOLDER_NAME
+from .launch import FOLDER_NAME, image_catalogue, template_warnings
 from .loop import db
 from .models import (
     ACTIVE,
@@ -279,6 +279,24 @@ def _seconds(value: Any) -> int | None:
     return int(value.total_seconds()) if value is not None else None
 
 
+class SessionAppSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    title = serializers.CharField()
+    protocol = serializers.ChoiceField(choices=["http", "tcp"])
+    port = serializers.IntegerField()
+    on_demand = serializers.BooleanField(help_text="Started by the session when first opened.")
+    forward_url = serializers.CharField(
+        help_text="The apps proxy's raw-TCP websocket (`Authorization: Token`) that `bai app` "
+        "forwards a local port through."
+    )
+    forward_token = serializers.CharField(
+        allow_null=True,
+        help_text="The token an app the session starts (Jupyter) asks for when reached through "
+        "a forwarded port: open `http://HOST:PORT/?token=<it>` (`bai app` prints that link). "
+        "On the apps origin the proxy presents it itself. Null for the user's own ports.",
+    )
+
+
 class SessionOutputSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     image = serializers.CharField(source="image.reference")
@@ -339,13 +357,20 @@ class SessionOutputSerializer(serializers.ModelSerializer):
             "kernels",
         ]
 
+    @extend_schema_field(SessionAppSerializer(many=True))
     def get_apps(self, obj: Session) -> list[dict[str, Any]]:
         """main1's apps (the image's, then the user's ports), for the launcher; each
-        with the websocket that ``bai app`` forwards a local port through."""
+        with the websocket that ``bai app`` forwards a local port through, and the
+        token an app the session starts (Jupyter) asks for there."""
         return [
             {
                 **app.to_dict(),
                 "forward_url": services.app_forward_url(session_id=obj.pk, app=app.name),
+                "forward_token": (
+                    services.app_secret(session_id=obj.pk, app=app.name)
+                    if app.start_command
+                    else None
+                ),
             }
             for app in selectors.session_apps(session=obj)
         ]
@@ -550,6 +575,11 @@ class PreviewOutputSerializer(serializers.Serializer):
     resources = PreviewResourcesSerializer()
     quota = PreviewQuotaSerializer(help_text="What is left of the user's quota.")
     resource_group = PreviewGroupSerializer(help_text="What the chosen group has free now.")
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What the session will not do that you may count on, e.g. `ssh sub1` when "
+        "the sub kernels' image has no SSH server. A launch is not refused for them.",
+    )
 
 
 class SessionPreviewApi(APIView):
@@ -727,6 +757,7 @@ class KernelLogsApi(APIView):
 
 class TemplateSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", allow_null=True, default=None)
+    warnings = serializers.SerializerMethodField()
 
     class Meta:
         model = SessionTemplate
@@ -737,9 +768,20 @@ class TemplateSerializer(serializers.ModelSerializer):
             "owner",
             "is_shared",
             "spec",
+            "warnings",
             "created_at",
             "updated_at",
         ]
+
+    @extend_schema_field(
+        serializers.ListField(
+            child=serializers.CharField(),
+            help_text="What a session from it will not do that you may count on, e.g. `ssh "
+            "sub1` when its sub kernels' image has no SSH server (saved all the same).",
+        )
+    )
+    def get_warnings(self, obj: SessionTemplate) -> list[str]:
+        return template_warnings(obj.spec, self.context.get("images"))
 
 
 @extend_schema_field(openapi_schema(SPEC_SCHEMA))
@@ -792,7 +834,8 @@ class TemplateListCreateApi(APIView):
         query = _query(request, self.QuerySerializer)
         qs = selectors.templates_for_user(user=request.user, include_all=query["all"])
         qs = qs.select_related("owner")
-        return Response(TemplateSerializer(qs, many=True).data)
+        images = image_catalogue()  # one query for every template's warnings
+        return Response(TemplateSerializer(qs, many=True, context={"images": images}).data)
 
     @extend_schema(
         request=TemplateInputSerializer, responses={201: TemplateSerializer, **errors(409)}

@@ -126,6 +126,8 @@ JUPYTER_APP = {
 }
 
 Progress = Callable[[str], None]
+# A wait for another process's build lock at least this long (seconds) is reported as such.
+LOCK_WAIT_NOTICE = 1.0
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -171,7 +173,9 @@ class BuiltImage:
     seconds: float
     recipe_hash: str = ""
     image_id: str = ""
-    source: str = ""  # "engine" (already present), "cache" (tarball imported) or "built"
+    # "engine" (already present), "cache" (tarball imported), "built", or "waited" (another
+    # process built it while this one waited for the build lock: ``seconds`` is that wait)
+    source: str = ""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -322,13 +326,19 @@ def _is_static_elf(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialise builds of one recipe across processes (an flock on ``path``)."""
+def _locked(path: Path, on_wait: Callable[[], None] = lambda: None) -> Iterator[float]:
+    """Serialise builds of one recipe across processes (an flock on ``path``); yields the
+    seconds spent waiting for another process's build (``on_wait`` is called when one holds it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        started = time.monotonic()
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield time.monotonic() - started
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -751,11 +761,21 @@ def _build_debian_image(
     if not force and _present_with_recipe(client, reference, recipe):
         progress(f"{name}: {reference} already present (recipe {recipe})")
         return _result(client, reference, recipe, started, "engine")
-    with _locked(tarball.with_suffix(".lock")):
+
+    def waiting() -> None:
+        progress(f"{name}: another process is building {reference}; waiting for it")
+
+    with _locked(tarball.with_suffix(".lock"), waiting) as waited:
         # Another process may have finished the same build while we waited for the lock.
         if not force and _present_with_recipe(client, reference, recipe):
-            progress(f"{name}: {reference} already present (recipe {recipe})")
-            return _result(client, reference, recipe, started, "engine")
+            if waited < LOCK_WAIT_NOTICE:
+                progress(f"{name}: {reference} already present (recipe {recipe})")
+                return _result(client, reference, recipe, started, "engine")
+            progress(
+                f"{name}: waited {waited:.1f} s for another process's build; "
+                f"{reference} is present now (recipe {recipe})"
+            )
+            return _result(client, reference, recipe, started, "waited")
         source = "cache"
         if force or not tarball.is_file():
             _build_python_tarball(progress, tarball, rootfs, spec)

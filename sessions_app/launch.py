@@ -161,6 +161,58 @@ def plan_preview(*, owner: AbstractBaseUser, spec: Any) -> tuple[LaunchPlan, str
     return plan, None
 
 
+# --- warnings: valid, but not what a user may expect --------------------------------------------
+
+
+def ssh_warning(*, main: Image | None, sub: Image | None) -> str | None:
+    """Why ``ssh sub1`` from main1 will not work in a cluster of these images, or None:
+    the sub kernels' image has no SSH server, or main1's no SSH client (``supports_ssh``)."""
+    if sub is not None and not sub.supports_ssh:
+        return (
+            f"`ssh sub1` will not work: the sub kernels' image {sub.reference} has no SSH "
+            "server; choose an image with SSH for them if main1 must reach them"
+        )
+    if sub is not None and main is not None and not main.supports_ssh:
+        return (
+            f"`ssh sub1` will not work: main1's image {main.reference} has no SSH client; "
+            "choose an image with SSH for main1 if it must reach the sub kernels"
+        )
+    return None
+
+
+def plan_warnings(plan: LaunchPlan) -> list[str]:
+    """What a valid launch will not do that its user may count on (shown, never refused)."""
+    if plan.cluster_size < 2:
+        return []
+    warning = ssh_warning(main=plan.main.image, sub=plan.sub.image)
+    return [warning] if warning else []
+
+
+def image_catalogue() -> dict[str, Image]:
+    """Every image by reference, in one query (for ``template_warnings`` over a list)."""
+    return {i.reference: i for i in Image.objects.only("reference", "supports_ssh")}
+
+
+def template_warnings(spec: Any, images: dict[str, Image] | None = None) -> list[str]:
+    """``plan_warnings`` for a template's spec alone (any field of it may still be given at
+    launch): its sub kernels' image is the sub role's, else the spec's when it makes a cluster.
+    ``images``: the ``image_catalogue()`` when judging many (else a query each)."""
+    if not isinstance(spec, dict):
+        return []
+    roles = spec.get("roles") if isinstance(spec.get("roles"), dict) else {}
+    main_role = roles.get("main") if isinstance(roles.get("main"), dict) else {}
+    sub_role = roles.get("sub") if isinstance(roles.get("sub"), dict) else {}
+    size = spec.get("cluster_size")
+    clustered = bool(sub_role) or (isinstance(size, int) and size > 1)
+    main_ref = main_role.get("image") or spec.get("image")
+    sub_ref = (sub_role.get("image") or spec.get("image")) if clustered else None
+    if images is None:
+        refs = {ref for ref in (main_ref, sub_ref) if isinstance(ref, str)}
+        images = {i.reference: i for i in Image.objects.filter(reference__in=refs)}
+    warning = ssh_warning(main=images.get(main_ref), sub=images.get(sub_ref))
+    return [warning] if warning else []
+
+
 def name_conflict(*, owner: AbstractBaseUser, name: str) -> Conflict | None:
     """The error for a name one of the owner's active sessions already has, or None.
 

@@ -33,7 +33,7 @@ from bai_common.units import format_amount, format_decimal, format_slot
 
 from . import policy as rules
 from . import selectors
-from .launch import LaunchPlan, plan_preview
+from .launch import LaunchPlan, plan_preview, plan_warnings
 from .models import (
     ClusterMode,
     ResourcePolicy,
@@ -56,6 +56,8 @@ class Preview:
     resources: dict[str, Any]
     quota: dict[str, Any]
     resource_group: dict[str, Any]
+    # What the launch will not do that its user may count on (``ssh sub1``); never refused.
+    warnings: list[str]
 
 
 def launch_preview(*, owner: AbstractBaseUser, spec: Any) -> Preview:
@@ -99,6 +101,7 @@ def launch_preview(*, owner: AbstractBaseUser, spec: Any) -> Preview:
         resources=_resources(plan, total),
         quota=quota,
         resource_group=group,
+        warnings=plan_warnings(plan),
     )
 
 

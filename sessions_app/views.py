@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from bai_common import units
 
-from . import metrics, selectors, tokens
+from . import launch, metrics, selectors, tokens
 from .api import SessionDetailSerializer, TemplateSerializer
 from .errors import NotFound
 from .models import Session, SessionTemplate
@@ -145,7 +145,9 @@ def _hosts(count: int) -> str:
     return "sub1" if count == 1 else f"sub1–sub{count}"
 
 
-def template_row(template: SessionTemplate, *, user: Any) -> dict[str, Any]:
+def template_row(
+    template: SessionTemplate, *, user: Any, catalogue: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What the templates table shows of one template: each role's image and
     resources per container as a launch from it would create them."""
     spec = template.spec if isinstance(template.spec, dict) else {}
@@ -179,6 +181,7 @@ def template_row(template: SessionTemplate, *, user: Any) -> dict[str, Any]:
         "mine": template.owner_id == user.pk,
         "can_change": selectors.template_can_change(user=user, template=template),
         "updated_at": template.updated_at,
+        "warnings": launch.template_warnings(spec, catalogue),
     }
 
 
@@ -187,7 +190,8 @@ def template_list(request: HttpRequest) -> HttpResponse:
     """The user's own templates and the shared ones; ``?saved=<id>`` or
     ``?imported=<id>`` names the one just written."""
     templates = selectors.templates_for_user(user=request.user).select_related("owner")
-    rows = [template_row(t, user=request.user) for t in templates[:MAX_ROWS]]
+    catalogue = launch.image_catalogue()
+    rows = [template_row(t, user=request.user, catalogue=catalogue) for t in templates[:MAX_ROWS]]
     done = None
     for word in ("saved", "imported"):
         pk = _int_or_none(request.GET.get(word))
@@ -205,7 +209,7 @@ def _template_form(
         "copyOf": copy_of,
         "canShare": request.user.is_staff,
         "images": [
-            {"reference": i.reference, "name": i.display_name}
+            {"reference": i.reference, "name": i.display_name, "ssh": i.supports_ssh}
             for i in selectors.images_for_user(user=request.user)
         ],
         "groups": [g.name for g in selectors.resource_groups_for_user(user=request.user)],

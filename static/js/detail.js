@@ -7,6 +7,7 @@ import { api, badge, el, fmtAge, fmtDuration, fmtLimit, fmtSlots, fmtStamp, fmtT
 import { openLogs } from "./logs.js";
 import { appButtons } from "./apps.js";
 import { consoleFollows, startConsole } from "./console.js";
+import { confirmDialog, noticeDialog } from "./dialogs.js";
 
 let session = readJSON("session-data");
 const $ = (id) => document.getElementById(id);
@@ -181,12 +182,12 @@ $("d-terminal").addEventListener("click", (e) => {
   if (session.status !== "RUNNING") e.preventDefault();
 });
 $("d-terminate").addEventListener("click", async () => {
-  if (!confirm(`Terminate session “${session.name}”?`)) return;
+  if (!(await confirmDialog({ title: `Terminate ${session.name}?`, message: "Its containers are destroyed and anything running in them stops. Its logs and history stay.", action: "Terminate" }))) return;
   try {
     session = await api(`sessions/${session.id}/terminate/`, { method: "POST", body: {} });
     render();
   } catch (err) {
-    alert(err.message);
+    await noticeDialog("Could not terminate", err.message);
   }
 });
 

@@ -6,6 +6,7 @@
 
 import { api, badge, el, fmtMem, fmtStamp, pageNotices } from "./common.js";
 import { describeRule, ruleFromForm } from "./rules.js";
+import { confirmDialog } from "./dialogs.js";
 
 const $ = (id) => document.getElementById(id);
 const id = JSON.parse($("endpoint-id").textContent);
@@ -178,7 +179,7 @@ async function scale(delta) {
 }
 
 async function revokeToken(t) {
-  if (!confirm(`Revoke token ${t.prefix}…? Callers using it are refused from now on.`)) return;
+  if (!(await confirmDialog({ title: `Revoke token ${t.prefix}…?`, message: "Callers using it are refused from now on.", action: "Revoke" }))) return;
   try {
     await api(`endpoints/${id}/tokens/${t.id}/`, { method: "DELETE" });
   } catch (err) {
@@ -214,7 +215,7 @@ $("rule-form").addEventListener("submit", async (event) => {
 $("scale-down").addEventListener("click", () => scale(-1));
 $("scale-up").addEventListener("click", () => scale(1));
 $("ep-delete").addEventListener("click", async () => {
-  if (!confirm(`Delete endpoint “${ep.name}”? Its replicas are terminated and its URL stops answering.`)) return;
+  if (!(await confirmDialog({ title: `Delete endpoint ${ep.name}?`, message: "Its replicas are terminated and its URL stops answering.", action: "Delete" }))) return;
   try {
     await api(`endpoints/${id}/`, { method: "DELETE" });
   } catch (err) {

@@ -6,6 +6,7 @@
 // Test hooks: window.filesReady (the listing drawn), window.uploadsDone (count).
 
 import { api, ApiError, csrfToken, el, fmtMem, fmtStamp, pageNotices, readJSON } from "./common.js";
+import { confirmDialog } from "./dialogs.js";
 
 const $ = (id) => document.getElementById(id);
 const folderId = readJSON("folder-id");
@@ -144,7 +145,7 @@ function rename(entry, row) {
 
 async function remove(entry) {
   const what = entry.type === "dir" ? `directory “${entry.name}” and everything in it` : `“${entry.name}”`;
-  if (!confirm(`Delete ${what}?`)) return;
+  if (!(await confirmDialog({ title: `Delete ${what}?`, message: "It is removed from the folder for every session and user that sees it. This cannot be undone.", action: "Delete" }))) return;
   try {
     await api(`folders/${folderId}/files/${q(entry.path)}`, { method: "DELETE" });
   } catch (err) {

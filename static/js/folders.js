@@ -5,12 +5,14 @@
 // Test hooks: window.foldersReady, window.sftpState[sessionId] = the last info.
 
 import { api, badge, el, fmtMem, isEnded, pageNotices, wireDialog } from "./common.js";
+import { confirmDialog } from "./dialogs.js";
 
 const $ = (id) => document.getElementById(id);
 const PERMISSION = { owner: "own", rw: "read-write", ro: "read-only" };
 let folders = [];
 let sharing = null; // the folder whose share dialog is open
 const polls = new Map(); // SFTP session id → timer
+const starting = new Set(); // SFTP sessions this page started that do not serve yet
 window.sftpState = {};
 
 const { say, fail } = pageNotices();
@@ -111,7 +113,7 @@ $("folder-create").addEventListener("submit", async (event) => {
 });
 
 async function remove(f) {
-  if (!confirm(`Delete folder “${f.name}” and every file in it? This cannot be undone.`)) return;
+  if (!(await confirmDialog({ title: `Delete folder ${f.name}?`, message: "The folder and every file in it are deleted. This cannot be undone.", action: "Delete folder" }))) return;
   try {
     await api(`folders/${f.id}/`, { method: "DELETE" });
   } catch (err) {
@@ -216,11 +218,12 @@ $("sftp-open").addEventListener("click", async () => {
   for (const t of ticks()) t.checked = false;
   selection();
   say(`Starting an SFTP session on ${ids.length} folder(s)…`);
+  starting.add(session.id);
   watchSftp(session.id);
 });
 
-function fact(label, value) {
-  return [el("dt", {}, label), el("dd", { "data-fact": label.toLowerCase() }, value)];
+function fact(label, value, key = label.toLowerCase()) {
+  return [el("dt", {}, label), el("dd", { "data-fact": key }, value)];
 }
 
 function copyButton(text) {
@@ -240,7 +243,15 @@ function sftpPanel(id, info, session) {
   const body = [];
   if (info.port) {
     body.push(
-      el("dl.facts", {}, fact("Host", info.host), fact("Port", String(info.port)), fact("User", info.user), fact("Folders", info.folders.join(", "))),
+      el(
+        "dl.facts",
+        {},
+        fact("Host", info.host),
+        fact("Port", String(info.port)),
+        fact("User", info.user),
+        fact("Folders", info.folders.join(", ")),
+        info.host_key_fingerprint ? fact("Host key", el("span.mono", {}, info.host_key_fingerprint), "fingerprint") : null,
+      ),
       el("p.sftp-command", {}, el("code", { "data-role": "command" }, info.command), " ", copyButton(info.command)),
       el(
         "p.muted",
@@ -250,6 +261,7 @@ function sftpPanel(id, info, session) {
         ") and pass it with ",
         el("code", {}, "-i"),
         (info.authorized_keys || []).filter((k) => k !== "session key").length ? `; your registered keys work too: ${info.authorized_keys.filter((k) => k !== "session key").join(", ")}.` : ".",
+        info.host_key_fingerprint ? " The first time you connect, your client shows the server's host key: go on only if it is the one above." : "",
       ),
     );
   } else if (!ended) {
@@ -294,11 +306,18 @@ async function watchSftp(id) {
   window.sftpState[id] = { ...info, status: (session && session.status) || info.status, reason: session && session.status_reason };
   showPanel(id, sftpPanel(id, info, session));
   const status = session ? session.status : info.status;
+  const name = (session && session.name) || id.slice(0, 8);
   if (isEnded(status)) {
-    if (session && session.status_reason) fail(`SFTP session ${session.name}: ${session.status_reason}`);
+    starting.delete(id);
+    const why = session && session.status_reason ? `: ${session.status_reason}` : "";
+    // Ended as asked (Terminate, the idle timeout) is news, not an error; one that
+    // could not start or broke is.
+    if (status === "TERMINATED") say(`SFTP session ${name} ended${why}.`);
+    else fail(`SFTP session ${name} ${status === "CANCELLED" ? "could not start" : "failed"}${why}`);
     await load();
     return;
   }
+  if (info.port && starting.delete(id)) say(`SFTP session ${name} is ready: connect as shown under “SFTP sessions”.`);
   // Until it serves, quickly; then now and then, to see it end.
   polls.set(id, setTimeout(() => watchSftp(id), info.port ? 10000 : 1000));
 }

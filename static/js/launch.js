@@ -357,6 +357,8 @@ function spec() {
   if ($("f-template").value) s.template = Number($("f-template").value);
   if (s.type === "batch") {
     s.startup_command = $("f-startup").value;
+    // The server's own words; the dialog neither previews nor launches without one.
+    if (!s.startup_command.trim()) localErrors.startup_command = ["a batch session needs a start command"];
     const startsAt = $("f-starts-at").value;
     if (startsAt) s.starts_at = localToIso(startsAt);
     const timeout = $("f-batch-timeout").value.trim();
@@ -375,6 +377,8 @@ function spec() {
     const key = row.querySelector('[data-env="key"]').value.trim();
     if (key) s.env[key] = row.querySelector('[data-env="value"]').value;
   }
+  const typed = $("f-deps-input").value.trim();
+  if (typed) localErrors.depends_on = [unresolvedDependency(typed)];
   return s;
 }
 
@@ -496,6 +500,12 @@ async function runPreview() {
   const body = spec();
   const seq = ++fitSeq;
   if (fitAbort) fitAbort.abort();
+  if (localErrors.startup_command) {
+    // A batch session with no command yet: the server could only refuse it (400).
+    fit = { local: { field: "startup_command", message: localErrors.startup_command[0] } };
+    applyFit();
+    return;
+  }
   fitAbort = new AbortController();
   let answer;
   try {
@@ -540,6 +550,7 @@ const VERDICT_WORDS = {
 
 /** The verdict in words: {kind, word, reason, more}. */
 function verdictOf(answer) {
+  if (answer.local) return { kind: "invalid", reason: `${labelOf(answer.local.field)}: ${answer.local.message}`, more: [] };
   if (answer.failed) {
     const err = answer.failed;
     const fields = Object.entries(err.fields || {});
@@ -573,7 +584,12 @@ function applyFit() {
   const chip = $("fit-chip");
   chip.dataset.verdict = v.kind;
   chip.replaceChildren(icon(v.kind), VERDICT_WORDS[v.kind]);
-  renderFitNumbers(fit.failed ? null : fit);
+  const answered = !fit.failed && !fit.local;
+  renderFitNumbers(answered ? fit : null);
+  // Valid, but not what the user may count on (`ssh sub1` with a sub image without SSH).
+  const warnings = (answered && fit.warnings) || [];
+  $("fit-warnings").replaceChildren(...warnings.map((w) => el("li", {}, w)));
+  $("fit-warnings").hidden = warnings.length === 0;
 
   apiErrors = fit.failed ? fit.failed.fields || {} : {};
   verdictErrors = [];
@@ -584,7 +600,7 @@ function applyFit() {
   if (!fit.failed) $("launch-error").hidden = true;
   renderErrors();
   updateLaunchButton();
-  window.launchFit = { pending: false, verdict: v.kind, reason: fit.failed ? v.reason : fit.reason, answer: fit.failed ? null : fit };
+  window.launchFit = { pending: false, verdict: v.kind, reason: answered ? fit.reason : v.reason, answer: answered ? fit : null, warnings };
 }
 
 function shownSlots(answer) {
@@ -658,10 +674,25 @@ async function loadDepCandidates() {
   } catch {
     list = opts.sessions ? opts.sessions() : [];
   }
-  depCandidates = list
-    .filter((s) => !isEnded(s.status) || s.result === "SUCCESS")
-    .map((s) => ({ id: s.id, name: s.name, status: s.status, type: s.type, result: s.result }));
+  // Every session of the user: those that may still succeed first, then those that
+  // ended (a success satisfies the dependency; anything else cancels the new session).
+  const mapped = list.map((s) => ({ id: s.id, name: s.name, status: s.status, type: s.type, result: s.result }));
+  depCandidates = [...mapped.filter((s) => !isEnded(s.status)), ...mapped.filter((s) => isEnded(s.status))];
   if (!$("deps-options").hidden) renderOptions();
+}
+
+/** How a chosen session ended, for a session that waits for it: {text, ok}, or null while it may still succeed. */
+function endedAs(s) {
+  if (!isEnded(s.status)) return null;
+  const ok = s.result === "SUCCESS";
+  return { ok, text: `ended: ${s.result && s.result !== "UNDEFINED" ? s.result : s.status}` };
+}
+
+/** Words for text left in the picker that names no chosen session. */
+function unresolvedDependency(typed) {
+  return depMatches().length
+    ? `“${typed}” is not added yet: pick it in the list (Enter adds it) or clear the text`
+    : `no session of yours matches “${typed}”: clear the text or type part of another name`;
 }
 
 function depMatches() {
@@ -695,8 +726,7 @@ function renderOptions() {
       class: i === activeOption ? "active" : null,
       onmousedown: (e) => e.preventDefault(), // keep the focus in the input
       onclick: () => addDependency(s),
-    }, el("span.opt-name", {}, ...highlighted(s.name, q)),
-    el("span.opt-meta", {}, `${s.status.toLowerCase()}${s.result === "SUCCESS" ? " · success" : ""} · ${s.type} · ${s.id.slice(0, 8)}`))));
+    }, el("span.opt-name", {}, ...highlighted(s.name, q)), optionMeta(s))));
   }
   const opening = list.hidden;
   list.hidden = false;
@@ -712,6 +742,13 @@ function renderOptions() {
   }
 }
 
+function optionMeta(s) {
+  const ended = endedAs(s);
+  if (!ended) return el("span.opt-meta", {}, `${s.status.toLowerCase()} · ${s.type} · ${s.id.slice(0, 8)}`);
+  return el(`span.opt-meta.${ended.ok ? "opt-ok" : "opt-bad"}`, {},
+    `${ended.text} · ${ended.ok ? "satisfied" : "the new session would be cancelled"}`);
+}
+
 function closeOptions() {
   const input = $("f-deps-input");
   $("deps-options").hidden = true;
@@ -721,13 +758,21 @@ function closeOptions() {
 }
 
 function renderChips() {
-  $("deps-chips").replaceChildren(...chosen.map((c) => el("li.chip", { "data-id": c.id },
-    el("span", {}, c.name),
+  $("deps-chips").replaceChildren(...chosen.map((c) => el(`li.chip${endedAs(c) ? (endedAs(c).ok ? ".chip-ok" : ".chip-bad") : ""}`, { "data-id": c.id },
+    el("span", {}, c.name), endedAs(c) ? el("span.chip-note", {}, ` — ${endedAs(c).text}`) : null,
     el("button.chip-x", { type: "button", "aria-label": `Remove ${c.name}`, onclick: () => removeDependency(c, true) }, "✕"))));
   $("f-deps-input").placeholder = chosen.length ? "Add another…" : "Type part of a session name…";
 }
 
+/** The picker's text was added or cleared: the refusal of a launch with text left in it goes. */
+function dropDepsRefusal() {
+  if (!localErrors.depends_on || $("f-deps-input").value.trim()) return;
+  delete localErrors.depends_on;
+  renderErrors();
+}
+
 function depsChanged(message) {
+  dropDepsRefusal();
   renderChips();
   if (!$("deps-options").hidden) renderOptions();
   $("deps-status").textContent = `${message} ${chosen.length} session${chosen.length === 1 ? "" : "s"} chosen.`;
@@ -736,12 +781,15 @@ function depsChanged(message) {
 }
 
 function addDependency(s) {
-  if (!chosen.some((c) => c.id === s.id)) chosen.push({ id: s.id, name: s.name });
+  if (!chosen.some((c) => c.id === s.id)) chosen.push({ id: s.id, name: s.name, status: s.status, result: s.result });
   const input = $("f-deps-input");
   input.value = "";
   closeOptions();
   input.focus();
-  depsChanged(`Added ${s.name}.`);
+  const ended = endedAs(s);
+  depsChanged(!ended ? `Added ${s.name}.`
+    : ended.ok ? `Added ${s.name}, which ${ended.text}: satisfied.`
+      : `Added ${s.name}, which ${ended.text}: a session that depends on it is cancelled.`);
 }
 
 function removeDependency(c, refocus) {
@@ -780,7 +828,11 @@ function onDepsKey(event) {
 function wireDependencies() {
   const input = $("f-deps-input");
   input.addEventListener("keydown", onDepsKey);
-  input.addEventListener("input", () => { activeOption = input.value.trim() ? 0 : -1; renderOptions(); });
+  input.addEventListener("input", () => {
+    activeOption = input.value.trim() ? 0 : -1;
+    renderOptions();
+    dropDepsRefusal();
+  });
   input.addEventListener("click", () => { if ($("deps-options").hidden) renderOptions(); });
   input.addEventListener("blur", closeOptions);
   $("deps-picker").addEventListener("click", (e) => { if (e.target === e.currentTarget || e.target.id === "deps-chips") input.focus(); });
@@ -793,8 +845,11 @@ async function submit(event) {
   submitted = true;
   const body = spec();
   if (Object.keys(localErrors).length) {
+    // The launch does not go out: text left in the picker would be dropped, a batch with
+    // no command refused. Each is said under its field.
     renderErrors();
     form.querySelector(".field-error").scrollIntoView({ block: "center", behavior: "smooth" });
+    if (localErrors.depends_on) $("f-deps-input").focus();
     return;
   }
   if (fit && !fit.failed && fit.verdict === "never") return;

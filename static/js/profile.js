@@ -3,6 +3,7 @@
 // Test hook: window.keysReady.
 
 import { api, el, fmtStamp } from "./common.js";
+import { confirmDialog } from "./dialogs.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -31,7 +32,7 @@ async function load() {
 }
 
 async function remove(key) {
-  if (!confirm(`Delete SSH key “${key.name}”? SFTP sessions started from now on no longer accept it.`)) return;
+  if (!(await confirmDialog({ title: `Delete SSH key ${key.name}?`, message: "SFTP sessions started from now on no longer accept it.", action: "Delete" }))) return;
   try {
     await api(`ssh-keys/${key.id}/`, { method: "DELETE" });
   } catch (err) {

@@ -5,6 +5,7 @@ import { api, badge, el, fmtAge, fmtDuration, fmtSlots, fmtTime, followSessions,
 import { initLaunch, openLaunch, onSessionChange as launchProgress } from "./launch.js";
 import { openLogs } from "./logs.js";
 import { appButtons } from "./apps.js";
+import { confirmDialog, noticeDialog } from "./dialogs.js";
 
 const page = readJSON("page-data");
 const sessions = new Map(readJSON("sessions-data").map((s) => [s.id, s]));
@@ -87,12 +88,12 @@ function flash(id) {
 }
 
 async function terminate(s) {
-  if (!confirm(`Terminate session “${s.name}”? Its containers will be destroyed.`)) return;
+  if (!(await confirmDialog({ title: `Terminate ${s.name}?`, message: "Its containers are destroyed and anything running in them stops. Its logs and history stay.", action: "Terminate" }))) return;
   try {
     const data = await api(`sessions/${s.id}/terminate/`, { method: "POST", body: {} });
     upsert(toRow(data));
   } catch (err) {
-    alert(err.message);
+    await noticeDialog("Could not terminate", err.message);
   }
 }
 

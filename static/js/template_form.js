@@ -170,6 +170,28 @@ function hosts(subs) {
   return subs === 1 ? "sub1" : `sub1–sub${subs}`;
 }
 
+/** The image ``ref`` as the page knows it, or null (one not offered here). */
+function imageOf(ref) {
+  return data.images.find((i) => i.reference === ref) || null;
+}
+
+/** As the API's ``warnings`` (launch.ssh_warning): a cluster whose sub kernels' image has no
+ * SSH server, or main1's no client, cannot run `ssh sub1`. Saved all the same. */
+function sshWarning(s, subs) {
+  const roles = s.roles || {};
+  const sub = subs ? imageOf((roles.sub || {}).image || s.image) : null;
+  const main = imageOf((roles.main || {}).image || s.image);
+  let text = "";
+  if (sub && !sub.ssh) {
+    text = `\`ssh sub1\` will not work: the sub kernels' image ${sub.reference} has no SSH server; choose an image with SSH for them if main1 must reach them`;
+  } else if (sub && main && !main.ssh) {
+    text = `\`ssh sub1\` will not work: main1's image ${main.reference} has no SSH client; choose an image with SSH for main1 if it must reach the sub kernels`;
+  }
+  const box = $("t-ssh-warning");
+  box.textContent = text;
+  box.hidden = !text;
+}
+
 function refresh() {
   const n = Math.max(1, parseInt($("t-size").value, 10) || 1);
   const subs = n - 1;
@@ -185,6 +207,7 @@ function refresh() {
   }
   const s = spec();
   const roles = s.roles || {};
+  sshWarning(s, subs);
   const main = slotsOf({ ...(s.resources || {}), ...((roles.main || {}).resources || {}) });
   const sub = slotsOf({ ...(s.resources || {}), ...((roles.sub || {}).resources || {}) });
   const summary = $("t-summary");

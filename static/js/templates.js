@@ -4,6 +4,7 @@
 // Test hooks: window.templatesReady, window.importState {ok, fields}.
 
 import { api, el, wireDialog } from "./common.js";
+import { confirmDialog, noticeDialog } from "./dialogs.js";
 
 const $ = (id) => document.getElementById(id);
 const dialog = $("import-modal");
@@ -19,11 +20,11 @@ function say(text) {
 
 async function remove(row) {
   const name = row.dataset.name;
-  if (!confirm(`Delete template “${name}”? Sessions launched from it are not affected.`)) return;
+  if (!(await confirmDialog({ title: `Delete template ${name}?`, message: "Sessions launched from it are not affected.", action: "Delete" }))) return;
   try {
     await api(`templates/${row.dataset.id}/`, { method: "DELETE" });
   } catch (err) {
-    alert(err.message);
+    await noticeDialog("Could not delete", err.message);
     return;
   }
   row.remove();

@@ -10,6 +10,7 @@
 // window.termCopied (the text last copied on select).
 
 import { liveSocket, readJSON } from "./common.js";
+import { confirmDialog } from "./dialogs.js";
 
 const session = readJSON("session-data");
 const storageKey = `bai.term.${session.id}`;
@@ -207,6 +208,6 @@ reconnectBtn.addEventListener("click", () => {
   socket.reconnectNow();
   term.focus();
 });
-document.getElementById("term-end").addEventListener("click", () => {
-  if (confirm("End this shell on the server? Anything running in it stops.")) socket.send({ type: "close" });
+document.getElementById("term-end").addEventListener("click", async () => {
+  if (await confirmDialog({ title: "End this shell?", message: "The shell ends on the server; anything running in it stops.", action: "End shell" })) socket.send({ type: "close" });
 });

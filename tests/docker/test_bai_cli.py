@@ -192,6 +192,67 @@ def test_bai_app_forwards_a_local_port_to_an_echo_server_in_the_kernel_for_its_o
     assert refused_ws.value.response.status_code == 403
 
 
+def test_bai_app_jupyter_prints_a_link_that_logs_into_jupyter(
+    engine,  # noqa: F811
+    group,
+    live_system,
+    make_agent,
+    alice,
+    bob,
+    with_passwords,
+    tmp_path,
+):
+    """Jupyter keeps its token (anything else on the node that reaches its port must not
+    get in); through ``bai app`` nobody presents it, so the printed link carries it."""
+    import http.cookiejar
+    import urllib.request
+
+    from sessions_app import kernel_images, services
+    from sessions_app.models import Image
+
+    live_system.start_apps()
+    node = make_agent("node-a", cpu="2", mem=4 * 2**30)
+    live_system.start_agent(node, "--cpu", "2", "--mem", "4g")
+    wait_for(lambda: Agent.objects.filter(status=AgentStatus.ALIVE).exists(), what="the agent")
+    Image.objects.update_or_create(
+        reference=PYTHON_IMAGE,
+        defaults={"supports_ssh": True, "service_ports": [kernel_images.JUPYTER_APP]},
+    )
+    session = services.session_create(
+        owner=alice, spec={"image": PYTHON_IMAGE, "resources": {"cpu": 1, "mem": "1g"}}
+    )
+    _wait_status(str(session.pk), "RUNNING")
+    config = tmp_path / "alice" / "config.json"
+    login(config, live_system.url, "alice")
+
+    port = free_port()
+    forward = start_bai(config, "app", str(session.pk), "jupyter", "--bind", f"127.0.0.1:{port}")
+    try:
+        assert forward.stdout.readline().startswith(f"Forwarding 127.0.0.1:{port} -> jupyter")
+        link = forward.stdout.readline().strip()
+        assert re.fullmatch(rf"Open http://127\.0\.0\.1:{port}/\?token=[\w-]+", link), link
+        url = link.removeprefix("Open ")
+
+        def landed(address):
+            """Where a browser lands from ``address`` (cookies kept), or None while Jupyter starts."""
+            opener = urllib.request.build_opener(
+                urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+            )
+            try:
+                with opener.open(address, timeout=20) as answer:
+                    return answer.status, answer.geturl()
+            except OSError:
+                return None
+
+        status, where = wait_for(lambda: landed(url), timeout=90, what="Jupyter through bai app")
+        assert status == 200 and "/tree" in where and "/login" not in where  # logged in
+        _, without = landed(f"http://127.0.0.1:{port}/")
+        assert "/login" in without  # without the token: Jupyter's own login
+    finally:
+        forward.send_signal(signal.SIGINT)
+        forward.wait(10)
+
+
 # --- sessions, logs ------------------------------------------------------------------------
 
 TICKER = 'echo "$GREETING from $BACKENDAI_CLUSTER_HOST"; i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done'

@@ -128,11 +128,11 @@ def test_a_folder_is_made_filled_walked_and_emptied_in_the_browser(
     shot(page, "renamed")
 
     # Delete a file and the directory (the page asks first).
-    page.once("dialog", lambda dialog: dialog.accept())
     _row(page, "README.txt").locator('[data-action="delete"]').click()
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     page.wait_for_selector('#files-body tr[data-name="README.txt"]', state="detached")
-    page.once("dialog", lambda dialog: dialog.accept())
     _row(page, "plots").locator('[data-action="delete"]').click()
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     page.wait_for_selector('#files-body tr[data-name="plots"]', state="detached")
     assert _files(page) == {"data.csv": "file"}
     shot(page, "deleted")
@@ -213,8 +213,8 @@ def test_ssh_keys_are_added_refused_when_bad_and_deleted_on_the_profile(
     fingerprint = page.inner_text('#keys-body tr[data-name="laptop"] [data-role="fingerprint"]')
     assert fingerprint.startswith("SHA256:")
     shot(page, "ssh-key-added")
-    page.once("dialog", lambda dialog: dialog.accept())
     page.click('#keys-body tr[data-name="laptop"] [data-action="delete"]')
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     page.wait_for_selector('#keys-body tr[data-name="laptop"]', state="detached")
     assert page.js_errors == []
 
@@ -255,6 +255,16 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
     assert panel.locator('[data-fact="user"]').inner_text() == "work"
     assert panel.locator('[data-fact="folders"]').inner_text() == "inbox"
     assert f"-P {port}" in panel.locator('[data-role="command"]').inner_text()
+    # The fingerprint shown is the one the server presents (as ssh-keygen -l prints it).
+    fingerprint = panel.locator('[data-fact="fingerprint"]').inner_text()
+    scanned = subprocess.run(
+        ["ssh-keyscan", "-p", port, host], capture_output=True, text=True, timeout=30
+    ).stdout
+    listed = subprocess.run(
+        ["ssh-keygen", "-lf", "-"], input=scanned, capture_output=True, text=True, timeout=30
+    ).stdout
+    assert fingerprint.startswith("SHA256:") and fingerprint in listed.split(), listed
+    assert "is ready" in page.inner_text("#status")  # "Starting…" is gone
     shot(page, "sftp-session-ready")
 
     with page.expect_download() as download:
@@ -299,6 +309,8 @@ def test_sftp_from_the_data_page_serves_the_ticked_folder_to_openssh_sftp(
         f'#sftp-list .sftp-session[data-id="{session_id}"][data-status="TERMINATED"]',
         timeout=60_000,
     )
+    page.wait_for_function("() => document.getElementById('status').textContent.includes(' ended')")
+    assert page.is_hidden("#error")  # ending it as asked is no error
     shot(page, "sftp-session-ended")
     assert page.js_errors == []
 

@@ -95,6 +95,39 @@ def _hold(owner, image, agent, *, cpu: str, name: str, status: str = "RUNNING"):
     return session
 
 
+def _typed_in_picker(page, text: str):
+    """Open the dialog with a small session, type ``text`` into the dependency picker; the picker."""
+    _open(page)
+    page.fill("#f-cpu", "0.5")
+    page.fill("#f-mem", "0.25")
+    picker = page.locator("#f-deps-input")
+    picker.click()
+    picker.type(text)
+    return picker
+
+
+def _batch_sessions(node, image, rows) -> dict:
+    """Batch sessions (name, owner, status, result) on ``node``'s group, made off the browser's
+    thread; by name."""
+    from sessions_app.models import Session
+
+    def make():
+        return {
+            name: Session.objects.create(
+                owner=owner,
+                name=name,
+                image=image,
+                resource_group=node.resource_group,
+                status=status,
+                result=result,
+                session_type="batch",
+            )
+            for name, owner, status, result in rows
+        }
+
+    return orm(make)
+
+
 @pytest.fixture
 def node(make_agent, group):
     """One agent with 2 cpu and 8 GiB, alive to the scheduler (no daemon behind it)."""
@@ -358,41 +391,24 @@ def test_the_dependency_picker_finds_a_session_by_part_of_its_name(
 ):
     from sessions_app.models import Session
 
-    minimal = images["bai-kernel/minimal:1"]
-
-    def sessions():
-        alice, bob = users["alice"], users["bob"]
-        made = {}
-        for name, owner, status, result in [
+    alice, bob = users["alice"], users["bob"]
+    made = _batch_sessions(
+        node,
+        images["bai-kernel/minimal:1"],
+        [
             ("train-resnet", alice, "RUNNING", "UNDEFINED"),
             ("prep-data", alice, "PENDING", "UNDEFINED"),
             ("failed-run", alice, "TERMINATED", "FAILED"),
             ("train-bob", bob, "RUNNING", "UNDEFINED"),
-        ]:
-            made[name] = Session.objects.create(
-                owner=owner,
-                name=name,
-                image=minimal,
-                resource_group=node.resource_group,
-                status=status,
-                result=result,
-                session_type="batch",
-            )
-        return made
-
-    made = orm(sessions)
+        ],
+    )
     page = login("alice", screenshot=False)
-    _open(page)
-    page.fill("#f-cpu", "0.5")
-    page.fill("#f-mem", "0.25")
-    picker = page.locator("#f-deps-input")
-    picker.click()
-    picker.type("rain")
+    picker = _typed_in_picker(page, "rain")
     options = page.eval_on_selector_all(
         "#deps-options [role=option]",
         "els => els.map(e => e.querySelector('.opt-name').textContent)",
     )
-    assert options == ["train-resnet"]  # not bob's, not one that failed
+    assert options == ["train-resnet"]  # not bob's
     assert picker.get_attribute("aria-expanded") == "true"
     shot(page, "typed-part-of-a-name")
 
@@ -413,7 +429,11 @@ def test_the_dependency_picker_finds_a_session_by_part_of_its_name(
     picker.press("Escape")  # closes the list, not the dialog
     assert page.is_visible("#launch-modal") and page.is_hidden("#deps-options")
     picker.fill("")
-    assert "Every session you could wait for is chosen" in page.inner_text("#deps-options")
+    # What is left to choose: the one that ended, with how it ended.
+    assert page.inner_text("#deps-options").split("\n") == [
+        "failed-run",
+        "ended: FAILED · the new session would be cancelled",
+    ]
     _fit(page, "wait")
     shot(page, "two-chosen")
     picker.press("Backspace")
@@ -446,6 +466,161 @@ def test_the_dependency_picker_finds_a_session_by_part_of_its_name(
     launched = orm(lambda: list(Session.objects.get(name="after-resnet").depends_on.all()))
     assert launched == [made["train-resnet"]]
     assert page.js_errors == []
+
+
+def _launch_posts(page) -> list[str]:
+    """The launch requests (POST /api/v1/sessions/) the page sends from now on."""
+    sent: list[str] = []
+    page.on(
+        "request",
+        lambda r: (
+            sent.append(r.url)
+            if r.method == "POST" and r.url.endswith("/api/v1/sessions/")
+            else None
+        ),
+    )
+    return sent
+
+
+def _chips(page) -> list[str]:
+    return page.eval_on_selector_all(
+        "#deps-chips .chip", "els => els.map(e => e.textContent.replace('✕', '').trim())"
+    )
+
+
+def test_the_picker_offers_ended_sessions_with_their_result_and_refuses_text_left_in_it(
+    live_server_url, images, users, node, login, shot
+):
+    from sessions_app.models import Session
+
+    alice = users["alice"]
+    made = _batch_sessions(
+        node,
+        images["bai-kernel/minimal:1"],
+        [
+            ("train-1", alice, "TERMINATED", "SUCCESS"),
+            ("train-2", alice, "TERMINATED", "FAILED"),
+            ("prep", alice, "RUNNING", "UNDEFINED"),
+        ],
+    )
+    page = login("alice", screenshot=False, viewport={"width": 1366, "height": 900})
+    posts = _launch_posts(page)
+    picker = _typed_in_picker(page, "train")
+    offered = page.eval_on_selector_all(
+        "#deps-options [role=option]",
+        "els => els.map(e => [e.querySelector('.opt-name').textContent, e.querySelector('.opt-meta').textContent])",
+    )
+    assert offered == [
+        ["train-2", "ended: FAILED · the new session would be cancelled"],
+        ["train-1", "ended: SUCCESS · satisfied"],
+    ]
+    shot(page, "ended-sessions-offered-with-their-result")
+
+    # Text that names no session: Launch is refused and says why; nothing goes out.
+    picker.fill("trian")
+    page.click("#launch-submit")
+    error = page.locator('[data-field="depends_on"] .field-error')
+    error.wait_for()
+    assert (
+        error.inner_text()
+        == "no session of yours matches “trian”: clear the text or type part of another name"
+    )
+    assert page.evaluate("() => document.activeElement.id") == "f-deps-input"
+    assert page.is_visible("#launch-form") and posts == []
+    error.scroll_into_view_if_needed()
+    shot(page, "text-left-in-the-picker-is-refused")
+
+    # Picked: the refusal goes; a succeeded dependency is satisfied and starts now.
+    picker.fill("train-1")
+    picker.press("Enter")
+    assert _chips(page) == ["train-1 — ended: SUCCESS"]
+    assert page.locator('[data-field="depends_on"] .field-error').count() == 0
+    assert "Added train-1, which ended: SUCCESS: satisfied." in page.text_content("#deps-status")
+    _fit(page, "start_now")
+
+    # A failed one: the dialog says the session would be cancelled, and Launch is off.
+    picker.type("train-2")
+    picker.press("Enter")
+    assert _chips(page) == ["train-1 — ended: SUCCESS", "train-2 — ended: FAILED"]
+    words = _fit(page, "never")
+    assert "dependency train-2 ended FAILED" in words, words
+    assert "a session that depends on it is cancelled" in page.text_content("#deps-status")
+    assert page.is_disabled("#launch-submit")
+    shot(page, "a-failed-dependency-would-cancel-it")
+    picker.press("Backspace")
+    _fit(page, "start_now")
+
+    # A match typed but not added: refused too, until it is cleared.
+    picker.type("pre")
+    page.click("#launch-submit")
+    error.wait_for()
+    assert (
+        error.inner_text()
+        == "“pre” is not added yet: pick it in the list (Enter adds it) or clear the text"
+    )
+    assert posts == []
+    picker.fill("")
+    assert page.locator('[data-field="depends_on"] .field-error').count() == 0
+    page.fill("#f-name", "after-train-1")
+    _fit(page, "start_now")
+    page.click("#launch-submit")
+    page.wait_for_function("() => window.launchState && window.launchState.id")
+    launched = orm(lambda: list(Session.objects.get(name="after-train-1").depends_on.all()))
+    assert launched == [made["train-1"]]
+    assert len(posts) == 1
+    assert page.js_errors == []
+
+
+def test_the_picker_with_ended_sessions_on_a_phone(
+    live_server_url, images, users, node, login, shot
+):
+    rows = [("train-2", users["alice"], "TERMINATED", "FAILED")]
+    _batch_sessions(node, images["bai-kernel/minimal:1"], rows)
+    page = login("alice", screenshot=False, viewport={"width": 390, "height": 844})
+    picker = _typed_in_picker(page, "train")
+    _fit(page, "start_now")
+    option = page.locator("#deps-options [role=option]").first
+    option.scroll_into_view_if_needed()
+    box = option.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    shot(page, "ended-session-offered-390")
+    picker.press("Enter")
+    _fit(page, "never")
+    page.locator("#deps-picker").scroll_into_view_if_needed()
+    shot(page, "failed-dependency-chosen-390")
+
+
+def test_a_batch_session_is_not_previewed_before_its_command_is_typed(
+    live_server_url, images, users, node, login, shot
+):
+    page = login("alice", screenshot=False)
+    previews: list[int] = []
+    page.on(
+        "response",
+        lambda r: (
+            previews.append(r.status) if r.url.endswith("/api/v1/sessions/preview/") else None
+        ),
+    )
+    console_errors: list[str] = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    _open(page)
+    page.fill("#f-cpu", "0.5")
+    page.fill("#f-mem", "0.25")
+    _fit(page, "start_now")
+    asked = len(previews)
+    page.check("input[name=type][value=batch]", force=True)
+    words = _fit(page, "invalid")
+    assert words == "Cannot check yet: Start command: a batch session needs a start command", words
+    page.wait_for_timeout(800)  # past the preview's debounce: still nothing asked
+    assert previews[asked:] == []
+    shot(page, "batch-without-a-command")
+    page.click("#launch-submit")  # refused here, under its field, not by a 400
+    page.locator('[data-field="startup_command"] .field-error').wait_for()
+    assert page.evaluate("window.launchState") is None
+    page.fill("#f-startup", "echo hi")
+    _fit(page, "start_now")
+    assert previews[asked:] and set(previews[asked:]) == {200}
+    assert console_errors == [] and page.js_errors == []
 
 
 @pytest.mark.docker

@@ -151,8 +151,8 @@ def test_a_user_makes_a_template_with_a_sub_role_edits_it_and_imports_its_export
     assert yaml.safe_load(text) == {"name": "trainer", "description": "bigger main", "spec": spec}
 
     # Delete it (after a confirmation), then import the export back.
-    page.once("dialog", lambda dialog: dialog.accept())
     row.locator('[data-action="delete"]').click()
+    page.click('dialog[data-role="confirm"] [data-action="confirm"]')  # the product's dialog
     row.wait_for(state="detached")
     assert page.text_content("#status") == "Deleted template “trainer”."
     assert page.is_visible("#templates-empty")
@@ -294,3 +294,55 @@ def test_a_shared_template_is_offered_for_launch_and_copy_but_not_for_change(
     assert page.is_hidden("#t-shared-field")  # only admins share
     _saved(page, live_server_url)
     assert sorted(_templates(page)) == ["starter", "starter-copy"]
+
+
+NO_SSH_SERVER = (
+    "`ssh sub1` will not work: the sub kernels' image bai-kernel/minimal:1 has no SSH server; "
+    "choose an image with SSH for them if main1 must reach them"
+)
+
+
+def test_a_sub_image_without_ssh_is_warned_of_in_the_form_the_list_and_the_launch_dialog(
+    live_server_url, images, users, make_agent, login, shot
+):
+    """Python has SSH, the busybox image has none: `ssh sub1` cannot work with busybox subs.
+    Said, never refused: the template saves and launches."""
+    _orm(make_agent, "node-a", cpu="4", mem=8 * 2**30)
+    page = login("alice", screenshot=False, viewport={"width": 1366, "height": 900})
+    _open_templates(page, live_server_url)
+    page.click("#template-new")
+    page.wait_for_function("() => window.formReady === true")
+    page.fill("#t-name", "workers")
+    page.select_option("#t-image", "bai-kernel/python:2")
+    page.fill("#t-size", "2")
+    page.fill("#t-cpu", "0.5")
+    page.fill("#t-mem", "256m")
+    warning = page.locator("#t-ssh-warning")
+    assert warning.is_hidden()  # Python everywhere: ssh works
+    page.select_option("#t-sub-image", "bai-kernel/minimal:1")
+    assert warning.is_visible() and warning.inner_text() == NO_SSH_SERVER
+    warning.scroll_into_view_if_needed()
+    shot(page, "form-warns-1366")
+    page.set_viewport_size({"width": 390, "height": 844})
+    warning.scroll_into_view_if_needed()
+    box = warning.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    shot(page, "form-warns-390", axe_exclude=[".topbar"])  # the top bar: issue 24 item 6
+    page.set_viewport_size({"width": 1366, "height": 900})
+    _saved(page, live_server_url)  # saved all the same
+
+    row = page.locator("#templates-body tr", has_text="workers")
+    assert row.locator('[data-role="warning"]').inner_text() == f"⚠ {NO_SSH_SERVER}"
+    assert _templates(page)["workers"]["warnings"] == [NO_SSH_SERVER]
+    shot(page, "list-warns")
+
+    row.locator('[data-action="launch"]').click()
+    page.wait_for_function("() => window.launchReady === true")
+    page.wait_for_function(
+        "() => window.launchFit && !window.launchFit.pending && window.launchFit.verdict === 'start_now'"
+    )
+    fit_warnings = page.locator("#fit-warnings")
+    assert fit_warnings.is_visible() and fit_warnings.inner_text() == NO_SSH_SERVER
+    fit_warnings.scroll_into_view_if_needed()
+    shot(page, "launch-preview-warns")
+    assert page.js_errors == []

@@ -44,6 +44,21 @@ def test_a_session_lists_the_images_apps_then_the_users_own_ports(api, alice, ap
     assert Session.objects.get().preopen_ports == [8080, 9000]
 
 
+def test_an_app_the_session_starts_gives_its_owner_the_token_it_asks_a_forward_for(
+    api, alice, bob, app_image, agent
+):
+    """Jupyter runs with the token the proxy presents; through ``bai app`` (a raw
+    forward) nobody presents it, so its owner reads it here; others see nothing."""
+    from sessions_app import services
+
+    session = _launch(api, alice, ports=[8080]).json()
+    apps = {a["name"]: a for a in api(alice).get(f"{URL}{session['id']}/").json()["apps"]}
+    expected = services.app_secret(session_id=session["id"], app="jupyter")
+    assert apps["jupyter"]["forward_token"] == expected
+    assert apps["echo"]["forward_token"] is None and apps["port-8080"]["forward_token"] is None
+    assert api(bob).get(f"{URL}{session['id']}/").status_code == 404
+
+
 @pytest.mark.parametrize(
     ("ports", "words"),
     [

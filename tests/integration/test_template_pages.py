@@ -99,7 +99,9 @@ def test_the_edit_form_gets_the_template_and_the_catalogue_as_json(client, alice
     assert response.status_code == 200
     data = response.context["data"]
     assert data["template"]["spec"] == UNEVEN
-    assert data["images"] == [{"reference": "bai-kernel/minimal:1", "name": "Minimal"}]
+    assert data["images"] == [
+        {"reference": "bai-kernel/minimal:1", "name": "Minimal", "ssh": False}
+    ]
     assert data["canShare"] is False
     assert 'id="form-data"' in response.content.decode()
 

@@ -319,3 +319,83 @@ def test_bai_run_ends_a_session_that_never_came_up_and_says_why(manager, monkeyp
     assert result.exit_code == 1
     assert "Error: session new ended CANCELLED: pending timeout" in result.stderr
     assert _terminated(manager) == [f"sessions/{RUNNING_ID}/terminate/"]
+
+
+def test_bai_sessions_all_lists_every_users_sessions_with_their_owners_as_the_readme_says(
+    manager,
+):
+    for session in manager.sessions:
+        session["owner"] = "bob"
+    listed = bai("sessions", "--all")
+    assert listed.exit_code == 0, listed.output
+    assert manager.requests[-1] == ("GET", "sessions/", None, {"all": "true"})
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[:3] == ["ID", "OWNER", "NAME"]
+    assert [row.split()[:3] for row in rows][1] == [RUNNING_ID, "bob", "train"]
+    assert bai("sessions", "list", "--all").stdout == listed.stdout
+    as_json = bai("sessions", "--status", "RUNNING", "--json")
+    assert json.loads(as_json.stdout) == manager.sessions
+    assert manager.requests[-1] == ("GET", "sessions/", None, {"status": "RUNNING"})
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+TRACEBACK = "\x1b[0;31mZeroDivisionError\x1b[0m: division by zero\n"
+
+
+def test_colours_reach_a_terminal_only_and_never_under_no_color(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    piped, terminal = io.StringIO(), Terminal()
+    show_record({"kind": "error", "data": TRACEBACK}, io.StringIO(), piped)
+    show_record({"kind": "error", "data": TRACEBACK}, io.StringIO(), terminal)
+    assert piped.getvalue() == "ZeroDivisionError: division by zero\n"
+    assert terminal.getvalue() == TRACEBACK
+    monkeypatch.setenv("NO_COLOR", "1")
+    terminal = Terminal()
+    show_record({"kind": "stdout", "data": "\x1b[1mbold\x1b[0m"}, terminal, io.StringIO())
+    assert terminal.getvalue() == "bold"
+
+
+def test_bai_app_prints_the_link_that_logs_into_jupyter_with_its_token(manager, monkeypatch):
+    from bai_client import forward
+
+    apps = [
+        {
+            "name": "jupyter",
+            "protocol": "http",
+            "port": 8888,
+            "forward_url": "ws://x/j",
+            "forward_token": "s3cr-et_",
+        },
+        {
+            "name": "echo",
+            "protocol": "tcp",
+            "port": 7000,
+            "forward_url": "ws://x/e",
+            "forward_token": None,
+        },
+    ]
+    manager.sessions[1]["apps"] = apps
+    forwarded = []
+
+    async def serve(host, port, url, token, log, ready):
+        forwarded.append((host, port, url, token))
+        ready(43210)
+
+    monkeypatch.setattr(forward, "serve", serve)
+    monkeypatch.setattr(
+        FakeManager,
+        "call",
+        lambda self, client, method, path, body=None, query=None: (
+            self.sessions if path == "sessions/" else self.sessions[1]
+        ),
+    )
+    result = bai("app", RUNNING_ID, "jupyter")
+    assert result.exit_code == 0, result.output
+    assert "Open http://127.0.0.1:43210/?token=s3cr-et_" in result.stdout
+    assert forwarded == [("127.0.0.1", 0, "ws://x/j", "t0k")]
+    echo = bai("app", RUNNING_ID, "echo", "--bind", "127.0.0.1:7001")
+    assert "Forwarding 127.0.0.1:43210 -> echo" in echo.stdout and "Open" not in echo.stdout

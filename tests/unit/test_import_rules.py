@@ -1,4 +1,7 @@
-"""The dependency arrows of DESIGN.md, read from the source: each package imports only what is below it."""
+"""The dependency arrows drawn in docs/architecture.md, read from the source.
+
+Each package imports only what is below it.
+"""
 
 from __future__ import annotations
 
@@ -91,7 +94,7 @@ def test_the_policies_import_nothing_of_django() -> None:
 
 
 def test_serving_app_reaches_sessions_app_only_and_nothing_below_reaches_it() -> None:
-    # DESIGN.md, "Growing the house": proxy_app → serving_app → sessions_app.
+    # docs/architecture.md, "Where things live": proxy_app → serving_app → sessions_app.
     upward = {
         path: sorted(m for m in names if _top(m) in {"proxy_app", "scheduler_app"})
         for path, names in _imports("serving_app").items()

@@ -4,7 +4,7 @@ The scripts are found by themselves (every ``bench/*.py`` that runs as a program
 new bench without ``--smoke``, or one that no longer runs, fails here. Figures are not
 judged, only that the script ran to its end and printed its figures. Each runs in a
 fresh process against a throwaway database of this test's, on the project's kernel
-images (Docker), as the README's Benchmarks section runs them.
+images (Docker), as bench/README.md runs them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Production settings, run as the README says: ``collectstatic`` first, then the manager.
+"""Production settings, run as docs/operations.md says: ``collectstatic`` first, then the manager.
 
 Production serves the hashed, compressed copies of the static files that
 ``collectstatic`` writes (whitenoise's manifest storage). Without them every page that

@@ -133,6 +133,12 @@ def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]
         errors["code"] = [f"{size} bytes of utf-8; the limit is {max_code} bytes"]
     elif request.code and mode in TAKES_NO_CODE:
         errors["code"] = [f"{mode} takes no code"]
+    elif mode in STARTS_RUN and "\x00" in request.code:
+        errors["code"] = [_nul_refusal(request.code, "Python source and shell commands")]
+    for name in ("build", "exec"):
+        command = request.options.get(name)
+        if isinstance(command, str) and "\x00" in command:
+            errors[f"options.{name}"] = [_nul_refusal(command, "shell commands")]
     if request.run_id is None and mode in NEEDS_RUN_ID:
         errors["run_id"] = [f"is required {NEEDS_RUN_ID[mode]}"]
     for name in request.options:
@@ -146,6 +152,11 @@ def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]
             f"{cursor} is past the end of the code ({len(request.code)} characters)"
         ]
     return errors
+
+
+def _nul_refusal(text: str, what: str) -> str:
+    line = text.count("\n", 0, text.index("\x00")) + 1
+    return f"holds a NUL character (line {line}), which {what} cannot hold; write it as \\0"
 
 
 def _invalid(errors: dict[str, list[str]]) -> InvalidInput:

@@ -304,6 +304,24 @@ class CodeExecutionOnEveryBackend:
         assert (answer["status"], answer["exit_code"]) == ("finished", 1)
         assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
 
+    async def test_code_holding_a_nul_ends_with_an_error_and_the_next_run_runs(
+        self, runs: Runs
+    ) -> None:
+        """ipykernel 6 (the Docker image's) fails on such code without a reply: the run
+        used to stay "continued" for ever and refuse every next run."""
+        answer = await runs.ask("query", "print('a\u0000b')", flush=1.0)
+        records = list(answer["records"])
+        for _ in range(15):  # ends within the kernel's start and the runner's grace
+            if answer["status"] != "continued":
+                break
+            answer = await runs.ask("continue", run_id=answer["run_id"], flush=1.0)
+            records += answer["records"]
+        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        said = ANSI.sub("", text(records, "error") + text(records, "notice"))
+        assert "null bytes" in said, records
+        answer, records = await runs.run("print('after')")
+        assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "after\n")
+
     async def test_a_png_display_comes_back_as_image_png(self, runs: Runs) -> None:
         code = f"from IPython.display import Image, display\ndisplay(Image(data={PNG_1PX!r}))\n"
         answer, records = await runs.run(code)

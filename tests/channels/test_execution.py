@@ -411,6 +411,13 @@ BAD_BODIES = [
         "5 is past the end of the code (2 characters)",
     ),
     ({"mode": "query", "code": "\ud800"}, "code", "lone surrogate"),
+    # Python cannot compile it (ipykernel 6 used to hang on it, run after run refused).
+    ({"mode": "query", "code": "x = 1\nprint('a\u0000b')"}, "code", "NUL character (line 2)"),
+    (
+        {"mode": "batch", "options": {"exec": "echo a\u0000b"}},
+        "options.exec",
+        "NUL character (line 1), which shell commands cannot hold",
+    ),
 ]
 
 

@@ -470,6 +470,7 @@ class Runner:
         run = self.run
         if run is None:
             return
+        run.input_request = None  # an input() the interrupt ends waits for nothing more
         if run.proc is not None:
             try:
                 os.killpg(run.proc.pid, signal.SIGINT)

@@ -333,6 +333,11 @@ class KernelRunner:
             self.queued = None  # never started: nothing to interrupt
             run.add({"kind": "error", "data": "KeyboardInterrupt\n", "mime": None})
             run.end(protocol.EXEC_FINISHED, 1)
+        elif run.status == protocol.EXEC_WAITING_INPUT:
+            # input() raises KeyboardInterrupt: the run goes on to its end, which the
+            # answer to this interrupt waits for.
+            run.status = RUNNING
+            self._send({"op": "interrupt"})
         elif run.live:
             self._send({"op": "interrupt"})
 

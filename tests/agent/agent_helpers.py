@@ -276,6 +276,17 @@ class CodeExecutionOnEveryBackend:
         answer, records = await runs.run("Ada", mode="input", run_id=answer["run_id"])
         assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "hi Ada\n")
 
+    async def test_a_run_waiting_for_input_is_interrupted_and_the_next_one_runs(
+        self, runs: Runs
+    ) -> None:
+        answer, _ = await runs.run("name = input('Name: ')")
+        assert answer["status"] == "waiting-input"
+        answer, records = await runs.run("", mode="interrupt", run_id=answer["run_id"])
+        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
+        answer, records = await runs.run("print('next')")
+        assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "next\n")
+
     async def test_a_ten_second_run_comes_in_pieces_to_its_end(self, runs: Runs) -> None:
         """Streamed as it prints, or answered about every flush while it is continued."""
         code = "import time\nfor i in range(10):\n    print(i, flush=True)\n    time.sleep(1)\n"

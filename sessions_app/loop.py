@@ -5,6 +5,7 @@ batches."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 
@@ -49,7 +50,13 @@ class _TouchBatch:
     def add(self, session_id: str) -> None:
         self.pending.add(session_id)
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._flush())
+            # The batch is the loop's, not the caller's: a context of its own. In the
+            # caller's (a REST run's), its database work would go to that request's
+            # thread, gone once the request answers ("CurrentThreadExecutor already
+            # quit" under SQLite's thread-sensitive ``db``, and the activity lost).
+            self.task = asyncio.get_running_loop().create_task(
+                self._flush(), context=contextvars.Context()
+            )
 
     async def _flush(self) -> None:
         while self.pending:

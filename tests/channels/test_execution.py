@@ -352,6 +352,35 @@ async def test_every_request_of_the_owner_counts_as_activity(running, alice, fak
     assert await active_since(running, long_ago)
 
 
+async def test_a_409_counts_as_activity_once_its_answer_is_out_with_nothing_logged(
+    running, alice, fake_agent, monkeypatch, caplog
+):
+    """The activity of a refused run is written after its request ended. The write
+    used to inherit the request's context, and with it (in SQLite's thread-sensitive
+    mode, the embedded default) the request thread's executor, gone by then:
+    ``RuntimeError: CurrentThreadExecutor already quit``, and the activity was lost."""
+    from channels.db import database_sync_to_async
+
+    from sessions_app import loop
+
+    monkeypatch.setattr(loop, "db", lambda func: database_sync_to_async(func))  # as SQLite
+    token = await token_of(alice)
+    request = execute(running, token, {"mode": "query", "code": "1"})
+    await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC))
+    assert (await request)[0] == 200
+    long_ago = timezone.now() - timedelta(hours=3)
+    # The first request's activity is written; the next one waits for the flush gap.
+    await asyncio.sleep(0.3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    request = execute(running, token, {"mode": "query", "code": "2"})
+    reason = "another run (r1) is still going in this session; continue or interrupt it first"
+    await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC), run_id="", reason=reason)
+    assert (await request)[0] == 409
+    assert await active_since(running, long_ago, timeout=loop.TOUCH_FLUSH_GAP + 2)
+    failed = [r for r in caplog.records if r.name == "sessions_app.loop" or r.exc_info]
+    assert not failed, [r.getMessage() for r in failed]
+
+
 async def test_code_runs_in_interactive_sessions_only(alice, image, agent, fake_agent):
     def batch_session():
         session = services.session_create(

@@ -74,15 +74,6 @@ from .templates import (
 MAX_LIST = 500
 
 
-def _touch(session: Session, request: Request) -> None:
-    # API calls about a session count as activity (idle timeout) when made by its owner.
-    if session.owner_id == request.user.pk:
-        now = timezone.now()
-        services.session_touch(session_id=session.pk, now=now)
-        if not session.is_terminal:
-            session.last_activity_at = now  # so the response shows the moved idle deadline
-
-
 class QueryFlag(serializers.BooleanField):
     """A yes/no query parameter: ``true``/``false`` (or ``1``/``0``), nothing looser."""
 
@@ -578,7 +569,6 @@ class SessionDetailApi(APIView):
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.get_session_detail_for_user(user=request.user, session_id=session_id)
-        _touch(session, request)
         return Response(SessionDetailSerializer(session).data)
 
 
@@ -676,7 +666,6 @@ class SessionRunsApi(APIView):
     def get(self, request: Request, session_id: str) -> Response:
         """The session's code runs, newest first (the latest 500)."""
         session = selectors.get_session_for_user(user=request.user, session_id=session_id)
-        _touch(session, request)
         runs = selectors.session_runs(session=session)[:MAX_LIST]
         return Response(RunSerializer(runs, many=True).data)
 
@@ -718,7 +707,6 @@ class KernelLogsApi(APIView):
         kernel = selectors.get_kernel_for_user(
             user=request.user, session_id=session_id, kernel_ref=kernel_id
         )
-        _touch(kernel.session, request)
         return Response(
             {
                 "kernel": kernel.cluster_hostname,

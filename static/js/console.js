@@ -15,7 +15,7 @@ const ANSI = /\x1b\[[0-9;?]*[A-Za-z]/g;
 const MAX_NODES = 2000; // records kept on screen; older ones scroll away
 
 // running: a run is going (its id once the first answer names it, else "…").
-const state = { running: null, waiting: false, socket: null, sessionId: null };
+const state = { running: null, waiting: false, socket: null, sessionId: null, onActivity: () => {} };
 window.consoleState = state;
 
 function setBusy(runId) {
@@ -92,6 +92,7 @@ function onMessage(msg) {
   if (msg.type === "records") showRecords(msg.records);
   else if (msg.type === "result") onResult(msg);
   else if (msg.type === "history") loadHistory(); // the runs' rows are written
+  else if (msg.type === "activity") state.onActivity(); // the session's last activity moved
   else if (msg.type === "error") {
     output(el("p.rec.rec-refused", { role: "alert", "data-kind": "refused" }, msg.message));
     if (state.running && !state.waiting) setBusy(null);
@@ -132,9 +133,11 @@ async function loadHistory() {
   }
 }
 
-/** Wire the console of session `s` (its panel is in detail.html). */
-export function startConsole(s) {
+/** Wire the console of session `s` (its panel is in detail.html); `onActivity`:
+ * the server wrote this console's activity (the page re-reads the session's times). */
+export function startConsole(s, { onActivity } = {}) {
   state.sessionId = s.id;
+  if (onActivity) state.onActivity = onActivity;
   const panel = $("console");
   if (!panel) return;
   loadHistory();

@@ -691,6 +691,23 @@ async def test_input_interrupt_and_completion_travel_over_the_websocket(running,
     await comm.disconnect()
 
 
+async def test_an_open_console_is_not_activity_and_a_run_is_and_the_page_is_told(
+    running, alice, fake_agent
+):
+    long_ago = timezone.now() - timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await open_runs(running, alice)
+    assert not await active_since(running, long_ago, timeout=1.5)
+    await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
+    command = await frame_of(fake_agent, protocol.EXEC)
+    # Once written, the page hears of it (it re-reads the session's times).
+    assert await comm.receive_json_from(timeout=5) == {"type": "activity"}
+    assert await active_since(running, long_ago, timeout=0.1)
+    await answer(fake_agent, command)
+    assert (await comm.receive_json_from(timeout=5))["type"] == "result"
+    await comm.disconnect()
+
+
 async def test_the_websocket_says_why_it_refuses_a_request_and_stays_open(
     running, alice, fake_agent
 ):

@@ -19,7 +19,9 @@ runner -> agent:
   {"type": "ready"} | {"type": "unavailable", "reason": str}     first, once
   {"type": "records", "run_id": str, "records": [{"kind", "data", "mime"}, ...]}
   {"type": "waiting", "run_id": str}              the run waits for a line of input
-  {"type": "done", "run_id": str, "status": "finished"|"exec-timeout", "exit_code": int|None}
+  {"type": "done", "run_id": str, "status": "finished"|"exec-timeout", "exit_code": int|None,
+   "error": str|None}                              error: the exception a query raised
+                                                   (KeyboardInterrupt: a run interrupted)
   {"type": "completions", "id": int, "matches": [str, ...]}
   {"type": "log", "message": str}                 for the agent's log only
 
@@ -328,6 +330,7 @@ class Run:
         self.reply = None
         self.idle = False
         self.idle_at = None
+        self.interrupted = False
         self.log_start = 0  # the kernel's log size when the query was sent
         self.input_request = None  # the kernel's input_request while waiting
         # batch: the build command, then the exec command (the code when exec is absent)
@@ -442,9 +445,10 @@ class Runner:
         if self.run is run:
             run.out.flush()
 
-    def finish(self, run, status, exit_code):
+    def finish(self, run, status, exit_code, error=None):
         run.out.flush()
-        send({"type": "done", "run_id": run.run_id, "status": status, "exit_code": exit_code})
+        done = {"type": "done", "run_id": run.run_id, "status": status, "exit_code": exit_code}
+        send({**done, "error": error})
         self.run = None
 
     # --- runs -----------------------------------------------------------------------------
@@ -471,6 +475,7 @@ class Runner:
         if run is None:
             return
         run.input_request = None  # an input() the interrupt ends waits for nothing more
+        run.interrupted = True
         if run.proc is not None:
             try:
                 os.killpg(run.proc.pid, signal.SIGINT)
@@ -549,7 +554,10 @@ class Runner:
             if run.timed_out_at is not None:
                 self.finish(run, "exec-timeout", None)
             else:
-                self.finish(run, "finished", self.query_exit_code(run))
+                error = run.reply.get("ename") if run.reply.get("status") == "error" else None
+                if error == "SystemExit":
+                    error = None  # its code is the exit code
+                self.finish(run, "finished", self.query_exit_code(run), error)
             return
         if run.reply is None and run.idle and now - run.idle_at > REPLY_GRACE:
             # The kernel's handler failed (e.g. ipykernel 6 on code holding a NUL): no
@@ -666,7 +674,8 @@ class Runner:
         elif run.step == "build" and status == 0:
             self.next_step(run)
         else:
-            self.finish(run, "finished", status)
+            interrupted = run.interrupted and status != 0
+            self.finish(run, "finished", status, "KeyboardInterrupt" if interrupted else None)
 
     def shutdown(self):
         run = self.run

@@ -73,6 +73,7 @@ class Run:
         self.limit = limit
         self.status = RUNNING
         self.exit_code: int | None = None
+        self.error: str | None = None  # the exception a query that ended raised
         self.pending: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
         self.pending_size = 0
         self.used = 0
@@ -109,9 +110,10 @@ class Run:
             self.pending.append((record, size))
         self.changed.set()
 
-    def end(self, status: str, exit_code: int | None) -> None:
+    def end(self, status: str, exit_code: int | None, error: str | None = None) -> None:
         self.status = status
         self.exit_code = exit_code
+        self.error = error
         self.changed.set()
 
     def take(self, budget: int = protocol.EXEC_FRAME_DATA) -> list[dict[str, Any]]:
@@ -140,6 +142,10 @@ class Run:
         if self.pending or self.live:
             return protocol.EXEC_CONTINUED, None
         return self.status, self.exit_code if self.status == protocol.EXEC_FINISHED else None
+
+    def answer_error(self) -> str | None:
+        """The exception the run ended on, once an answer says it ended."""
+        return None if self.pending or self.live else self.error
 
     async def wait(self, ready: Callable[[], bool], deadline: float | None) -> None:
         """Until ``ready()`` or the deadline (loop time)."""
@@ -261,7 +267,10 @@ class KernelRunner:
             code = code if isinstance(code, int) and not isinstance(code, bool) else None
             if code is not None and not protocol.EXIT_CODE_MIN <= code <= protocol.EXIT_CODE_MAX:
                 code = 1
-            run.end(status, code if status == protocol.EXEC_FINISHED else None)
+            error = message.get("error")
+            if not isinstance(error, str) or protocol.ERROR_NAME_RULE(error):
+                error = None
+            run.end(status, code if status == protocol.EXEC_FINISHED else None, error)
         elif kind == "completions":
             future = self.completions.pop(message["id"], None)
             matches = message["matches"]
@@ -332,7 +341,7 @@ class KernelRunner:
         if run is self.run and self.queued is not None:
             self.queued = None  # never started: nothing to interrupt
             run.add({"kind": "error", "data": "KeyboardInterrupt\n", "mime": None})
-            run.end(protocol.EXEC_FINISHED, 1)
+            run.end(protocol.EXEC_FINISHED, 1, "KeyboardInterrupt")
         elif run.status == protocol.EXEC_WAITING_INPUT:
             # input() raises KeyboardInterrupt: the run goes on to its end, which the
             # answer to this interrupt waits for.
@@ -475,7 +484,8 @@ class Execution:
             await run.wait(lambda: not run.live or _frame_full(run), deadline)
         records = run.take()
         status, exit_code = run.answer_status()
-        self._result(msg, run.run_id, status, exit_code=exit_code, records=records)
+        error = run.answer_error()
+        self._result(msg, run.run_id, status, exit_code=exit_code, records=records, error=error)
 
     async def _stream(self, msg: dict[str, Any], run: Run) -> None:
         """exec_records as records come, then one exec_result when the run stops or waits."""
@@ -496,7 +506,7 @@ class Execution:
             if not run.live:
                 break
         status, exit_code = run.answer_status()
-        self._result(msg, run.run_id, status, exit_code=exit_code)
+        self._result(msg, run.run_id, status, exit_code=exit_code, error=run.answer_error())
 
     # --- answers ----------------------------------------------------------------------
 
@@ -510,6 +520,7 @@ class Execution:
         records: list[dict[str, Any]] | None = None,
         completions: list[str] | None = None,
         reason: str | None = None,
+        error: str | None = None,
     ) -> None:
         self.backend.emit(
             {
@@ -521,6 +532,7 @@ class Execution:
                 "records": records or [],
                 "completions": completions,
                 "reason": reason,
+                "error": error,
             }
         )
 

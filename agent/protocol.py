@@ -67,12 +67,14 @@ TERM_CLOSED = "term_closed"
 EXEC_RECORDS = "exec_records"
 # {"type": "exec_result", "req_id": str, "run_id": str, "status": one of EXEC_STATUSES,
 #  "exit_code": int|None, "records": [Record, ...], "completions": [str, ...]|None,
-#  "reason": str|None}
+#  "reason": str|None, "error"?: str|None}
 #   the one answer that ends an exec's req_id (the gateway forgets the req_id then).
 #   A refusal (another run still going, no such run, a bad request) carries "reason"
 #   in users' words, status "finished", exit_code None and no records; a run's own
 #   answer has reason None. run_id is "" when there is no run (complete, and a
-#   refusal that names none).
+#   refusal that names none). "error": how a run that ended failed, the name of the
+#   exception a query raised (KeyboardInterrupt for a run interrupted, a batch's too),
+#   absent or null otherwise; bounds: ERROR_NAME below.
 EXEC_RESULT = "exec_result"
 # Record: {"kind": one of EXEC_RECORD_KINDS, "data": str, "mime": str|None}
 #   stdout/stderr: text. result/display: "mime" is the chosen type of the bundle
@@ -531,6 +533,9 @@ def exec_records(value: Any) -> str | None:
     return None
 
 
+ERROR_NAME_MAX = 100
+ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*", re.ASCII)
+ERROR_NAME_RULE = text(ERROR_NAME_MAX, pattern=ERROR_NAME, empty=False)
 _EXEC_ANSWER: dict[str, Field] = {
     "req_id": Field(text(32, pattern=_REQ_ID, empty=False), required=True),
     "run_id": Field(text(RUN_ID_MAX, pattern=_RUN_ID), required=True),
@@ -601,6 +606,7 @@ AGENT_MESSAGES: dict[str, dict[str, Field]] = {
             list_of(text(EXEC_COMPLETION_MAX), EXEC_COMPLETIONS_MAX), nullable=True
         ),
         "reason": Field(text(REASON_MAX), nullable=True),
+        "error": Field(ERROR_NAME_RULE, nullable=True),
     },
     ERROR: {
         "message": Field(text(MESSAGE_MAX), nullable=True),

@@ -611,6 +611,11 @@ class ExecOutputSerializer(serializers.Serializer):
         help_text="Once finished: 0, or 1 after an exception (batch: the command's).",
     )
     records = ExecRecordSerializer(many=True, help_text="What the run wrote since the last answer.")
+    error = serializers.CharField(
+        required=False,
+        help_text="Once a run ended on an exception: its name (KeyboardInterrupt when "
+        "interrupted, a batch's too). Absent otherwise.",
+    )
     completions = serializers.ListField(
         child=serializers.CharField(), required=False, help_text="For mode complete."
     )
@@ -655,10 +660,25 @@ class SessionExecuteApi(APIView):
 
 class RunSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username")
+    outcome = serializers.CharField(
+        read_only=True,
+        help_text='How it ended: "finished", "error: ZeroDivisionError", "interrupted", '
+        '"exit status 3", "timed out", or "running".',
+    )
 
     class Meta:
         model = ExecutionRun
-        fields = ["run_id", "mode", "user", "status", "exit_code", "started_at", "finished_at"]
+        fields = [
+            "run_id",
+            "mode",
+            "user",
+            "status",
+            "exit_code",
+            "error",
+            "outcome",
+            "started_at",
+            "finished_at",
+        ]
 
 
 class SessionRunsApi(APIView):

@@ -262,6 +262,7 @@ def run_record(
     fields = {
         "status": status if ended else RunStatus.RUNNING,
         "exit_code": answer["exit_code"] if answer and ended else None,
+        "error": (answer.get("error") or "") if answer and ended else "",
         "finished_at": timezone.now() if ended else None,
     }
     if change == "create":
@@ -428,9 +429,12 @@ def _run(command: dict[str, Any]) -> dict[str, Any]:
 
 
 def answer_fields(answer: dict[str, Any]) -> dict[str, Any]:
-    """What a user sees of an ``exec_result``: status, run id, exit code, and
-    completions when it answers a complete."""
+    """What a user sees of an ``exec_result``: status, run id, exit code, the
+    exception a run ended on when it raised one, and completions when it
+    answers a complete."""
     shown = {key: answer.get(key) for key in ("status", "run_id", "exit_code")}
+    if answer.get("error"):
+        shown["error"] = answer["error"]
     if answer.get("completions") is not None:
         shown["completions"] = answer["completions"]
     return shown

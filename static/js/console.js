@@ -1,7 +1,7 @@
 // The code console of a session's detail page: code runs in main1's interpreter
 // (a Jupyter kernel) over /ws/sessions/<id>/execute/, its records stream in as they
 // come, an input() prompt gets a line to answer, Interrupt stops a run, and the
-// session's run history (who, when, mode, status) is listed below.
+// session's run history (who, when, mode, how it ended) is listed below.
 //
 // Output is never put into the page as markup: text goes in as text, images as
 // data: URLs of an <img>, and text/html in a sandboxed frame (no scripts, an origin
@@ -78,7 +78,8 @@ function onResult(msg) {
   }
   if (!state.running) return; // the run's end is shown already (an interrupt's answer repeats it)
   const code = msg.exit_code === null || msg.exit_code === undefined ? "" : ` (exit code ${msg.exit_code})`;
-  output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${msg.status}${code}`));
+  const ended = !msg.error ? msg.status : msg.error === "KeyboardInterrupt" ? "interrupted" : `error: ${msg.error}`;
+  output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${ended}${code}`));
   $("c-input").hidden = true;
   state.waiting = false;
   setBusy(null);
@@ -123,7 +124,7 @@ async function loadHistory() {
       el("td", {}, r.user),
       el("td", {}, r.mode),
       el("td.mono", {}, r.run_id),
-      el("td", {}, r.status || "running"),
+      el(r.error || r.exit_code || r.status === "exec-timeout" ? "td.outcome.failed" : "td.outcome", {}, r.outcome || r.status),
       el("td", {}, r.exit_code === null || r.exit_code === undefined ? "—" : String(r.exit_code)),
     )));
     $("c-history-empty").hidden = runs.length > 0;

@@ -282,7 +282,11 @@ class CodeExecutionOnEveryBackend:
         answer, _ = await runs.run("name = input('Name: ')")
         assert answer["status"] == "waiting-input"
         answer, records = await runs.run("", mode="interrupt", run_id=answer["run_id"])
-        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        assert (answer["status"], answer["exit_code"], answer["error"]) == (
+            "finished",
+            1,
+            "KeyboardInterrupt",
+        )
         assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
         answer, records = await runs.run("print('next')")
         assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "next\n")
@@ -312,7 +316,11 @@ class CodeExecutionOnEveryBackend:
         answer = await runs.ask("query", "while True: pass", flush=0.5)
         assert answer["status"] == "continued"
         answer, records = await runs.run("", mode="interrupt", run_id=answer["run_id"])
-        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        assert (answer["status"], answer["exit_code"], answer["error"]) == (
+            "finished",
+            1,
+            "KeyboardInterrupt",
+        )
         assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
 
     async def test_code_holding_a_nul_ends_with_an_error_and_the_next_run_runs(
@@ -332,6 +340,17 @@ class CodeExecutionOnEveryBackend:
         assert "null bytes" in said, records
         answer, records = await runs.run("print('after')")
         assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "after\n")
+
+    async def test_a_run_that_raises_names_its_exception(self, runs: Runs) -> None:
+        answer, records = await runs.run("1 / 0")
+        assert (answer["status"], answer["exit_code"], answer["error"]) == (
+            "finished",
+            1,
+            "ZeroDivisionError",
+        )
+        assert "ZeroDivisionError" in ANSI.sub("", text(records, "error"))
+        answer, _ = await runs.run("import sys\nsys.exit(3)")
+        assert (answer["exit_code"], answer["error"]) == (3, None)
 
     async def test_a_png_display_comes_back_as_image_png(self, runs: Runs) -> None:
         code = f"from IPython.display import Image, display\ndisplay(Image(data={PNG_1PX!r}))\n"

@@ -232,12 +232,45 @@ async def test_the_runs_list_shows_a_sessions_runs_newest_first_to_its_owner_and
         "user",
         "status",
         "exit_code",
+        "error",
+        "outcome",
         "started_at",
         "finished_at",
     }
     assert (await call("GET", _path(running, "runs"), await token_of(admin)))[0] == 200
     status, body = await call("GET", _path(running, "runs"), await token_of(bob))
     assert (status, body["message"]) == (404, "No such session.")
+
+
+async def test_the_history_says_how_each_run_ended(running, alice, fake_agent):
+    """A run that raised, one interrupted, one that exited 3, one past its timeout:
+    each row says so (it used to say "finished" for all but the last)."""
+    token = await token_of(alice)
+    endings = [
+        ({"exit_code": 0}, "finished"),
+        ({"exit_code": 1, "error": "ZeroDivisionError"}, "error: ZeroDivisionError"),
+        ({"exit_code": 1, "error": "KeyboardInterrupt"}, "interrupted"),
+        ({"exit_code": 3}, "exit status 3"),
+        ({"status": "exec-timeout", "exit_code": None}, "timed out"),
+    ]
+    for n, (fields, _) in enumerate(endings):
+        request = execute(running, token, {"mode": "query", "code": "x", "run_id": f"r{n}"})
+        await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC), **fields)
+        status, body = await request
+        assert status == 200 and body.get("error") == fields.get("error"), body
+    await runs_when(running, lambda rows: len(rows) == len(endings))
+    status, body = await call("GET", _path(running, "runs"), token)
+    assert status == 200
+    assert [(r["run_id"], r["outcome"]) for r in reversed(body)] == [
+        (f"r{n}", words) for n, (_, words) in enumerate(endings)
+    ]
+    assert [r["error"] for r in reversed(body)] == [
+        "",
+        "ZeroDivisionError",
+        "KeyboardInterrupt",
+        "",
+        "",
+    ]
 
 
 # --- REST: who may, and in which sessions --------------------------------------
@@ -613,9 +646,20 @@ def _path_ws(session) -> str:
     return f"/ws/sessions/{session.pk}/execute/"
 
 
-async def open_runs(session, user):
+async def open_runs(session, user, *, activity: bool = False):
+    """The console's socket; its ``{"type": "activity"}`` notices (the owner's
+    activity was written) are left out unless ``activity``."""
     comm = await browser(_path_ws(session), user)
     assert (await comm.connect())[0]
+    if not activity:
+        receive = comm.receive_json_from
+
+        async def receive_json_from(timeout: float = 1):
+            while (message := await receive(timeout=timeout)) == {"type": "activity"}:
+                pass
+            return message
+
+        comm.receive_json_from = receive_json_from
     return comm
 
 
@@ -696,7 +740,7 @@ async def test_an_open_console_is_not_activity_and_a_run_is_and_the_page_is_told
 ):
     long_ago = timezone.now() - timedelta(hours=3)
     await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
-    comm = await open_runs(running, alice)
+    comm = await open_runs(running, alice, activity=True)
     assert not await active_since(running, long_ago, timeout=1.5)
     await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)
@@ -766,9 +810,10 @@ async def test_an_agent_cannot_stream_into_another_agents_request(
 ):
     other = await sync_to_async(make_agent)("agent-2")
     intruder = await registered_agent(other.plain_token)
-    comm = await open_runs(running, alice)
+    comm = await open_runs(running, alice, activity=True)
     await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)
+    assert await comm.receive_json_from(timeout=5) == {"type": "activity"}
     forged = {
         "type": protocol.EXEC_RECORDS,
         "req_id": command["req_id"],

@@ -79,6 +79,7 @@ class Run:
         self.used = 0
         self.cut = False
         self.changed = asyncio.Event()
+        self.attached = 0  # how many streams attached to it: each ends the earlier streams
 
     @property
     def live(self) -> bool:
@@ -403,6 +404,8 @@ class Execution:
             return
         mode = msg["mode"]
         try:
+            if _attaches(msg):
+                self._going(msg["kernel_id"])  # a page that opens starts no runner
             runner = self._runner(msg["kernel_id"])
             if runner.state == "unavailable":
                 self._answer_no_runner(msg)
@@ -433,6 +436,14 @@ class Execution:
             self.starting[kernel_id] = task
             task.add_done_callback(lambda _t: self.starting.pop(kernel_id, None))
         return runner
+
+    def _going(self, kernel_id: str) -> Run:
+        """The kernel's run that is going (running or waiting for input), else Refused."""
+        runner = self.runners.get(kernel_id)
+        run = runner.run if runner is not None else None
+        if run is None or run.status not in (RUNNING, protocol.EXEC_WAITING_INPUT):
+            raise Refused("no run is going in this session")
+        return run
 
     def _act(self, msg: dict[str, Any], runner: KernelRunner) -> Run:
         """Start, continue, feed or interrupt a run; Refused in users' words."""
@@ -488,10 +499,21 @@ class Execution:
         self._result(msg, run.run_id, status, exit_code=exit_code, records=records, error=error)
 
     async def _stream(self, msg: dict[str, Any], run: Run) -> None:
-        """exec_records as records come, then one exec_result when the run stops or waits."""
+        """exec_records as records come, then one exec_result when the run stops or waits.
+        A stream that attaches (``_attaches``: a page opened again) ends the streams of
+        the run before it, with "continued": the run's output goes to the newest."""
+        if _attaches(msg):
+            run.attached += 1
+            run.changed.set()
+        attached = run.attached
         while True:
-            await run.wait(lambda: bool(run.pending) or not run.live, None)
-            while run.pending:
+            await run.wait(
+                lambda: bool(run.pending) or not run.live or run.attached != attached, None
+            )
+            if run.attached != attached:
+                self._result(msg, run.run_id, protocol.EXEC_CONTINUED)
+                return
+            while run.pending and run.attached == attached:
                 if self.room is not None:
                     await self.room()
                 records = run.take()
@@ -503,6 +525,8 @@ class Execution:
                         "records": records,
                     }
                 )
+            if run.attached != attached:
+                continue  # answered "continued" above
             if not run.live:
                 break
         status, exit_code = run.answer_status()
@@ -573,6 +597,11 @@ class Execution:
             task.cancel()
         for kernel_id in list(self.runners):
             await self.close_kernel(kernel_id)
+
+
+def _attaches(msg: dict[str, Any]) -> bool:
+    """A streamed continue that names no run: follow the run that is going, if one is."""
+    return msg["mode"] == "continue" and msg.get("run_id") is None and bool(msg.get("stream"))
 
 
 def _frame_full(run: Run) -> bool:

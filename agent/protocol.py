@@ -185,7 +185,9 @@ TUNNEL_FAILED = 4502  # close code of a tunnel whose port could not be reached
 #   run code in the kernel's code runner (one ipykernel per kernel, started on first
 #   use, so state persists between runs), at most one run per kernel at a time.
 #   query/batch start a run (run_id, or a new one of 16 hex when None); continue asks
-#   for more of run_id; input gives a waiting run its line (in "code"); interrupt
+#   for more of run_id (with run_id null and stream true: attach to the run that is
+#   going, running or waiting for input, refused when none is; the run's earlier
+#   streams end with status "continued", the output goes to the newest); input gives a waiting run its line (in "code"); interrupt
 #   interrupts run_id (or the current run); complete lists completions of "code" at
 #   options.cursor_pos. options: build, exec (batch shell commands), timeout (seconds,
 #   0 = none), cursor_pos. The agent answers within `flush` seconds with one

@@ -646,7 +646,7 @@ def _exec_body(message: dict[str, Any]) -> dict[str, Any]:
     kind = message.get("type")
     fields = EXEC_MESSAGES.get(kind) if isinstance(kind, str) else None
     if fields is None:
-        raise InvalidInput("unknown message; send run, input, interrupt, complete or ping")
+        raise InvalidInput("unknown message; send run, input, interrupt, complete, attach or ping")
     unknown = sorted(str(key) for key in message if key != "type" and key not in fields)
     if unknown:
         raise InvalidInput(f"{kind}: unknown field {', '.join(unknown)}")
@@ -668,12 +668,18 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
 
     Browser → server: ``{"type": "run", "mode": "query"|"batch", "code", "options"?,
     "run_id"?}``, ``{"type": "input", "run_id", "code"}``, ``{"type": "interrupt",
-    "run_id"?}``, ``{"type": "complete", "code", "cursor_pos"}``, ``{"type": "ping"}``.
+    "run_id"?}``, ``{"type": "complete", "code", "cursor_pos"}``, ``{"type": "attach"}``,
+    ``{"type": "ping"}``.
     Server → browser: ``{"type": "records", "run_id", "records"}`` as they come, then
-    ``{"type": "result", "run_id", "status", "exit_code", "completions"?}`` (after a
-    ``waiting-input`` result, more comes once ``input`` is sent), or ``{"type":
-    "error", "message"}`` for a request refused (the stream stays open); and, once
-    the history has these runs' rows as they stand, ``{"type": "history", "run_ids"}``.
+    ``{"type": "result", "run_id", "status", "exit_code", "error"?, "completions"?}``
+    (after a ``waiting-input`` result, more comes once ``input`` is sent; a
+    ``continued`` one: another page follows the run now), or ``{"type": "error",
+    "message"}`` for a request refused (the stream stays open); once the history
+    has these runs' rows as they stand, ``{"type": "history", "run_ids"}``; once the
+    owner's activity is written, ``{"type": "activity"}``. ``{"type": "attach"}``
+    follows the run that is going, if one is (a page reloaded during ``input()``):
+    ``{"type": "pending", "run_id"}``, then that run's records and result; nothing
+    when none is.
     """
 
     socket_kind = "execute"
@@ -725,6 +731,11 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         if len(self.pending) >= MAX_PENDING_RUNS:
             await self._error(f"{len(self.pending)} requests wait for answers; wait for one first")
             return
+        if message.get("type") == "attach":
+            # A page opened again (reloaded while its run waited in input(), say)
+            # follows the run that is going; opening a page is not activity.
+            await self._ask(execution.ATTACH, attach=True)
+            return
         try:
             request = execution.exec_request(
                 _exec_body(message), max_code=settings.BAI_EXEC_MAX_CODE
@@ -735,10 +746,16 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         written = self.touch_soon()
         if written is not None:
             written.add_done_callback(self._activity_written)
-        command = execution.exec_command(target=self.target, request=request, stream=True)
-        self.pending[command["req_id"]] = execution.Sent(request)
+        await self._ask(request)
+
+    async def _ask(self, request: execution.ExecRequest, *, attach: bool = False) -> None:
+        target = self.target
+        if target is None:
+            return
+        command = execution.exec_command(target=target, request=request, stream=True)
+        self.pending[command["req_id"]] = execution.Sent(request, attach=attach)
         self.touch_while(True)
-        await execution.send_to_agent(self.target, command, reply=self.channel_name)
+        await execution.send_to_agent(target, command, reply=self.channel_name)
 
     def _activity_written(self, written: asyncio.Future[bool]) -> None:
         """The page shows the session's last activity and idle deadline: tell it they moved."""
@@ -752,8 +769,16 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
     async def exec_records(self, event: dict[str, Any]) -> None:
         sent = self.pending.get(event["req_id"])
         if sent is not None:
+            await self._announce(sent, event)
             await self._records(event)
             self._record(sent, event)
+
+    async def _announce(self, sent: execution.Sent, event: dict[str, Any]) -> None:
+        """Before the first answer of an attach: the run this page now follows."""
+        if sent.attach:
+            sent.attach = False
+            pending = {"type": "pending", "run_id": event["run_id"]}
+            await self.send(text_data=json.dumps(pending))
 
     async def exec_result(self, event: dict[str, Any]) -> None:
         sent = self.pending.pop(event["req_id"], None)
@@ -761,8 +786,10 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
             return
         self.touch_while(bool(self.pending))
         if event.get("reason") is not None:
-            await self._error(event["reason"])
+            if not sent.attach:  # an attach refused: no run is going, nothing to show
+                await self._error(event["reason"])
         else:
+            await self._announce(sent, event)
             if event["records"]:
                 await self._records(event)
             result = {"type": "result", **execution.answer_fields(event)}

@@ -98,6 +98,10 @@ class ExecTarget:
     owner_acts: bool
 
 
+# What a console's socket asks when it opens: follow the run that is going (running
+# or waiting for input), which an earlier page started; the agent refuses it when none is.
+ATTACH = ExecRequest(mode="continue")
+
 # --- checks ------------------------------------------------------------------
 
 
@@ -231,6 +235,8 @@ class Sent:
     request: ExecRequest
     sent_at: datetime = field(default_factory=timezone.now)
     recorded: bool = False
+    # A page that opens follows the run that is going, if one is (``ATTACH``).
+    attach: bool = False
 
     def history_change(self, answer: dict[str, Any] | None) -> str | None:
         """What ``answer`` (an ``exec_result`` or ``exec_records``; None when

@@ -76,6 +76,13 @@ function onResult(msg) {
     askInput();
     return;
   }
+  if (msg.status === "continued") { // another page (this one reloaded, say) follows the run now
+    if (state.running) output(el("p.rec.rec-end", { "data-kind": "moved" }, `${msg.run_id}: followed in another page`));
+    $("c-input").hidden = true;
+    state.waiting = false;
+    setBusy(null);
+    return;
+  }
   if (!state.running) return; // the run's end is shown already (an interrupt's answer repeats it)
   const code = msg.exit_code === null || msg.exit_code === undefined ? "" : ` (exit code ${msg.exit_code})`;
   const ended = !msg.error ? msg.status : msg.error === "KeyboardInterrupt" ? "interrupted" : `error: ${msg.error}`;
@@ -88,7 +95,14 @@ function onResult(msg) {
 /** The run's id as the server named it ("" until then). */
 const runId = () => (state.running && state.running !== "…" ? state.running : undefined);
 
+/** A run that was going when the page opened (reloaded while it waited in input(), say). */
+function onPending(msg) {
+  output(el("p.rec.rec-end", { "data-kind": "pending" }, `${msg.run_id}: still going (started before this page opened)`));
+  setBusy(msg.run_id);
+}
+
 function onMessage(msg) {
+  if (msg.type === "pending") onPending(msg);
   if (state.running && msg.run_id) setBusy(msg.run_id);
   if (msg.type === "records") showRecords(msg.records);
   else if (msg.type === "result") onResult(msg);
@@ -165,7 +179,15 @@ export function startConsole(s, { onActivity } = {}) {
 function connect(s) {
   if (s.status !== "RUNNING" || state.socket) return;
   state.socket = liveSocket(`/ws/sessions/${s.id}/execute/`, {
-    onOpen: () => { window.consoleReady = true; $("c-note").textContent = ""; setBusy(state.running); },
+    onOpen: (socket) => {
+      // What goes on is the server's to say: the run going, if one is, comes back as "pending".
+      $("c-input").hidden = true;
+      state.waiting = false;
+      setBusy(null);
+      socket.send({ type: "attach" });
+      window.consoleReady = true;
+      $("c-note").textContent = "";
+    },
     onMessage,
     onClose: ({ error, final }) => {
       window.consoleReady = false;

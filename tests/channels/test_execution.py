@@ -752,13 +752,56 @@ async def test_an_open_console_is_not_activity_and_a_run_is_and_the_page_is_told
     await comm.disconnect()
 
 
+async def test_a_console_opened_again_shows_the_run_waiting_for_input_and_can_end_it(
+    running, alice, fake_agent
+):
+    """A page reloaded while its run waited in input() used to know nothing of it:
+    no answer box, Interrupt disabled, and every run refused."""
+    comm = await open_runs(running, alice)
+    await comm.send_json_to({"type": "attach"})
+    attach = await frame_of(fake_agent, protocol.EXEC)
+    assert (attach["mode"], attach["run_id"], attach["stream"]) == ("continue", None, True)
+    await answer(fake_agent, attach, run_id="r5", status="waiting-input", exit_code=None)
+    assert await comm.receive_json_from(timeout=5) == {"type": "pending", "run_id": "r5"}
+    result = await comm.receive_json_from(timeout=5)
+    assert (result["type"], result["run_id"], result["status"]) == ("result", "r5", "waiting-input")
+    await comm.send_json_to({"type": "interrupt", "run_id": "r5"})
+    command = await frame_of(fake_agent, protocol.EXEC)
+    assert (command["mode"], command["run_id"]) == ("interrupt", "r5")
+    await answer(fake_agent, command, run_id="r5", exit_code=1, error="KeyboardInterrupt")
+    result = await comm.receive_json_from(timeout=5)
+    assert (result["status"], result["exit_code"], result["error"]) == (
+        "finished",
+        1,
+        "KeyboardInterrupt",
+    )
+    await comm.disconnect()
+
+
+async def test_attaching_with_no_run_going_shows_nothing_and_is_not_activity(
+    running, alice, fake_agent
+):
+    long_ago = timezone.now() - timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await open_runs(running, alice, activity=True)
+    await comm.send_json_to({"type": "attach"})
+    attach = await frame_of(fake_agent, protocol.EXEC)
+    await answer(fake_agent, attach, run_id="", reason="no run is going in this session")
+    assert await comm.receive_nothing(timeout=0.5)  # the attach's refusal is not shown
+    assert not await active_since(running, long_ago, timeout=1.2)
+    await comm.disconnect()
+
+
 async def test_the_websocket_says_why_it_refuses_a_request_and_stays_open(
     running, alice, fake_agent
 ):
     comm = await open_runs(running, alice)
     cases = [
         ({"type": "run", "mode": "continue"}, "run: mode must be query or batch"),
-        ({"type": "dance"}, "unknown message; send run, input, interrupt, complete or ping"),
+        (
+            {"type": "dance"},
+            "unknown message; send run, input, interrupt, complete, attach or ping",
+        ),
         ({"type": "input", "code": "x"}, "run_id: is required to give a run its input"),
         ({"type": "run", "mode": "query", "shell": "sh"}, "run: unknown field shell"),
         ({"type": "run", "mode": "query", "code": 1}, "code: must be a string"),

@@ -9,6 +9,8 @@ of it. Screenshots go to test-artifacts/e2e/<test>/<step>.png.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker, pytest.mark.django_db(transaction=True)]
@@ -97,6 +99,11 @@ def test_a_reloaded_page_shows_the_run_waiting_for_input_and_interrupt_ends_it(
     """Reloading during input() used to lock the console (no answer box, Interrupt
     disabled, every run refused); Interrupt did not end a run waiting for input; and
     the history said "finished" for a run that raised."""
+    from sessions_app.models import ResourcePolicy
+
+    hour = timedelta(hours=1)
+    if not ResourcePolicy.objects.filter(is_default=True).update(idle_timeout=hour):
+        ResourcePolicy.objects.create(name="e2e-default", is_default=True, idle_timeout=hour)
     page = _console(login, live_server_url, running_python)
     _run(page, "1 / 0")
     page.locator("#c-code").fill("name = input('Your name? ')\nprint('hello', name)")
@@ -109,7 +116,16 @@ def test_a_reloaded_page_shows_the_run_waiting_for_input_and_interrupt_ends_it(
     page.wait_for_function("() => !document.getElementById('c-interrupt').disabled")
     assert "still going" in page.locator("#c-output [data-kind=pending]").inner_text()
     shot(page, "reloaded-page-shows-the-run-waiting-for-input")
+    # Opening the page counted as no activity; the interrupt does, and the page shows the
+    # server's new last activity and idle deadline.
+    before = page.evaluate("() => window.detailState.idle_deadline")
+    assert before is not None
     page.locator("#c-interrupt").click()
+    page.wait_for_function(
+        f"() => Date.parse(window.detailState.idle_deadline) > Date.parse({before!r})"
+        " && document.querySelector('[data-deadline]').dataset.deadline"
+        " === window.detailState.idle_deadline"
+    )
     page.wait_for_function(
         "() => document.getElementById('c-output').textContent.includes('KeyboardInterrupt')"
     )

@@ -9,6 +9,7 @@ of it. Screenshots go to test-artifacts/e2e/<test>/<step>.png.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -99,11 +100,19 @@ def test_a_reloaded_page_shows_the_run_waiting_for_input_and_interrupt_ends_it(
     """Reloading during input() used to lock the console (no answer box, Interrupt
     disabled, every run refused); Interrupt did not end a run waiting for input; and
     the history said "finished" for a run that raised."""
+    from django.db import connections
+
     from sessions_app.models import ResourcePolicy
 
-    hour = timedelta(hours=1)
-    if not ResourcePolicy.objects.filter(is_default=True).update(idle_timeout=hour):
-        ResourcePolicy.objects.create(name="e2e-default", is_default=True, idle_timeout=hour)
+    def idle_timeout_of_an_hour():
+        hour = timedelta(hours=1)
+        if not ResourcePolicy.objects.filter(is_default=True).update(idle_timeout=hour):
+            ResourcePolicy.objects.create(name="e2e-default", is_default=True, idle_timeout=hour)
+        connections.close_all()
+
+    # On another thread: Playwright's sync API runs an event loop on this one.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(idle_timeout_of_an_hour).result()
     page = _console(login, live_server_url, running_python)
     _run(page, "1 / 0")
     page.locator("#c-code").fill("name = input('Your name? ')\nprint('hello', name)")

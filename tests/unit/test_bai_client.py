@@ -61,6 +61,8 @@ class FakeManager:
             return _session(RUNNING_ID, "new", "PENDING", status_reason="waiting")
         if (method, path) == ("GET", f"sessions/{RUNNING_ID}/"):
             return _session(RUNNING_ID, "new", self.comes_up_as, status_reason=self.reason)
+        if (method, path) == ("GET", f"sessions/{RUNNING_ID}/runs/"):
+            return [RUN_RAISED]
         if (method, path) == ("POST", f"sessions/{RUNNING_ID}/terminate/"):
             return _session(RUNNING_ID, "new", "TERMINATING")
         raise AssertionError(f"unexpected {method} {path}")
@@ -79,6 +81,28 @@ def manager(monkeypatch, tmp_path):
 
 def bai(*args, input=None):
     return CliRunner().invoke(main, list(args), input=input)
+
+
+RUN_RAISED = {
+    "run_id": "9f2c4e1a0b3d5c7e",
+    "mode": "query",
+    "user": "alice",
+    "status": "finished",
+    "exit_code": 1,
+    "error": "ZeroDivisionError",
+    "outcome": "error: ZeroDivisionError",
+    "started_at": "2026-11-27T17:00:00Z",
+    "finished_at": "2026-11-27T17:00:01Z",
+}
+
+
+def test_sessions_runs_lists_how_each_run_ended(manager):
+    result = bai("sessions", "runs", RUNNING_ID)
+    assert result.exit_code == 0, result.output
+    header, row = result.output.splitlines()
+    assert header.split() == ["STARTED", "BY", "MODE", "RUN", "ENDED", "EXIT"]
+    assert "9f2c4e1a0b3d5c7e  error: ZeroDivisionError  1" in row
+    assert json.loads(bai("sessions", "runs", RUNNING_ID, "--json").output) == [RUN_RAISED]
 
 
 def _created_body(manager):

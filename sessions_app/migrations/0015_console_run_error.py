@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sessions_app', '0010_sftp_published_port'),
+        ('sessions_app', '0014_serving_policy_max_endpoints'),
     ]
 
     operations = [

@@ -161,7 +161,11 @@ def _create(client: Client, image: str | None, options: dict[str, Any], wait: bo
     help="The session type (default: interactive).",
 )
 @launch_options
-@click.option("--wait", is_flag=True, help="Wait until it runs, showing each change of status.")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait until it runs (a batch session: until it ends), showing each change of status.",
+)
 @json_option
 def sessions_create(image: str | None, wait: bool, as_json: bool, **options: Any) -> None:
     """Start a session from IMAGE (or from --template)."""

@@ -423,3 +423,41 @@ def test_bai_app_prints_the_link_that_logs_into_jupyter_with_its_token(manager, 
     assert forwarded == [("127.0.0.1", 0, "ws://x/j", "t0k")]
     echo = bai("app", RUNNING_ID, "echo", "--bind", "127.0.0.1:7001")
     assert "Forwarding 127.0.0.1:43210 -> echo" in echo.stdout and "Open" not in echo.stdout
+
+
+def test_waiting_for_a_batch_session_waits_for_its_result_not_a_moment_of_running(monkeypatch):
+    monkeypatch.setattr(launch, "WAIT_INTERVAL", 0)
+    seen = iter(
+        [
+            _session(RUNNING_ID, "job", "RUNNING", type="batch"),
+            _session(
+                RUNNING_ID,
+                "job",
+                "TERMINATED",
+                type="batch",
+                result="FAILED",
+                exit_code=3,
+                status_reason="the start command exited with status 3",
+            ),
+        ]
+    )
+
+    class Seen:
+        def call(self, method, path):
+            return next(seen)
+
+    said: list[str] = []
+    created = _session(RUNNING_ID, "job", "PENDING", type="batch")
+    ended = launch.wait_until_running(Seen(), created, said.append)
+    assert ended["status"] == "TERMINATED"
+    assert said == [
+        "job: RUNNING",
+        "job: TERMINATED (the start command exited with status 3)",
+    ]
+    assert launch.failure(ended) == (
+        "session job ended TERMINATED: the start command exited with status 3"
+    )
+    # An interactive session is up once it runs.
+    running = _session(RUNNING_ID, "lab", "RUNNING")
+    assert launch.wait_until_running(Seen(), running, said.append) is running
+    assert launch.failure(running) is None

@@ -19,7 +19,9 @@ runner -> agent:
   {"type": "ready"} | {"type": "unavailable", "reason": str}     first, once
   {"type": "records", "run_id": str, "records": [{"kind", "data", "mime"}, ...]}
   {"type": "waiting", "run_id": str}              the run waits for a line of input
-  {"type": "done", "run_id": str, "status": "finished"|"exec-timeout", "exit_code": int|None}
+  {"type": "done", "run_id": str, "status": "finished"|"exec-timeout", "exit_code": int|None,
+   "error": str|None}                              error: the exception a query raised
+                                                   (KeyboardInterrupt: a run interrupted)
   {"type": "completions", "id": int, "matches": [str, ...]}
   {"type": "log", "message": str}                 for the agent's log only
 
@@ -47,6 +49,10 @@ STDIN_PROBE = 0.5  # how long the first input() may take to reach the runner bef
 START_TIMEOUT = 60.0
 KILL_GRACE = 2.0
 PIPE_GRACE = 1.0  # how long a finished batch command's pipes may stay open (background jobs)
+# How long after the kernel went idle on a request its reply may still come (the shell and
+# iopub sockets are not ordered): a kernel whose handler failed never sends one.
+REPLY_GRACE = 2.0
+KERNEL_LOG_LINE_MAX = 500
 POLL_MS = 100
 KERNEL_NAME = "bai-python3"
 SOCKET_DIR_MAX = 64  # the parent of the runner's directory, so that socket paths fit 107 bytes
@@ -170,11 +176,12 @@ class Kernel:
             where = {"transport": "tcp", "ip": "127.0.0.1"}
         self.km = KernelManager(kernel_name=KERNEL_NAME, **where)
         self.km.connection_file = os.path.join(workdir, f"kernel-{generation}.json")
+        self.log_path = os.path.join(workdir, "kernel.log")
         env = {k: v for k, v in os.environ.items() if k != "JUPYTER_PATH"}
         env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         # The kernel's own stdout and stderr must never reach the agent's pipe: ipykernel
         # sends what user code writes (fd 1 and 2 too) as messages.
-        with open(os.path.join(workdir, "kernel.log"), "ab") as log:
+        with open(self.log_path, "ab") as log:
             self.km.start_kernel(
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
             )
@@ -183,6 +190,24 @@ class Kernel:
         self.shell = self.km.connect_shell(identity=ident)
         self.stdin = self.km.connect_stdin(identity=ident)
         self.iopub = self.km.connect_iopub()
+
+    def log_size(self):
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_line_since(self, start):
+        """The last line the kernel wrote to its log since ``start`` (its error), or ""."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(start)
+                written = log.read(64 * 1024)
+        except OSError:
+            return ""
+        lines = [line.strip() for line in written.decode("utf-8", "replace").splitlines()]
+        lines = [line for line in lines if line]
+        return lines[-1][:KERNEL_LOG_LINE_MAX] if lines else ""
 
     def process(self):
         return getattr(self.km.provisioner, "process", None) or getattr(self.km, "kernel", None)
@@ -304,6 +329,9 @@ class Run:
         self.msg_id = None  # query: the execute_request
         self.reply = None
         self.idle = False
+        self.idle_at = None
+        self.interrupted = False
+        self.log_start = 0  # the kernel's log size when the query was sent
         self.input_request = None  # the kernel's input_request while waiting
         # batch: the build command, then the exec command (the code when exec is absent)
         self.steps = [("build", options.get("build")), ("exec", options.get("exec") or None)]
@@ -417,9 +445,10 @@ class Runner:
         if self.run is run:
             run.out.flush()
 
-    def finish(self, run, status, exit_code):
+    def finish(self, run, status, exit_code, error=None):
         run.out.flush()
-        send({"type": "done", "run_id": run.run_id, "status": status, "exit_code": exit_code})
+        done = {"type": "done", "run_id": run.run_id, "status": status, "exit_code": exit_code}
+        send({**done, "error": error})
         self.run = None
 
     # --- runs -----------------------------------------------------------------------------
@@ -438,12 +467,15 @@ class Runner:
         if self.kernel is None:
             self.finish(run, "finished", 1)
             return
+        run.log_start = self.kernel.log_size()
         run.msg_id = self.kernel.execute(command.get("code") or "")
 
     def interrupt(self):
         run = self.run
         if run is None:
             return
+        run.input_request = None  # an input() the interrupt ends waits for nothing more
+        run.interrupted = True
         if run.proc is not None:
             try:
                 os.killpg(run.proc.pid, signal.SIGINT)
@@ -495,6 +527,7 @@ class Runner:
             run.out.text("error", "\n".join(content.get("traceback") or []) + "\n")
         elif kind == "status" and content.get("execution_state") == "idle":
             run.idle = True
+            run.idle_at = time.monotonic()
 
     def on_shell(self, msg):
         parent = msg["parent_header"].get("msg_id")
@@ -521,7 +554,20 @@ class Runner:
             if run.timed_out_at is not None:
                 self.finish(run, "exec-timeout", None)
             else:
-                self.finish(run, "finished", self.query_exit_code(run))
+                error = run.reply.get("ename") if run.reply.get("status") == "error" else None
+                if error == "SystemExit":
+                    error = None  # its code is the exit code
+                self.finish(run, "finished", self.query_exit_code(run), error)
+            return
+        if run.reply is None and run.idle and now - run.idle_at > REPLY_GRACE:
+            # The kernel's handler failed (e.g. ipykernel 6 on code holding a NUL): no
+            # reply will come, and the run would wait for it for ever.
+            why = self.kernel.log_line_since(run.log_start)
+            run.out.notice(
+                "[the Python kernel went idle without answering this run"
+                + (f": {why}]" if why else "; see its log]")
+            )
+            self.finish(run, "finished", 1)
             return
         died = self.kernel.exit_code()
         stuck = run.timed_out_at is not None and now - run.timed_out_at > 2.5 * KILL_GRACE
@@ -576,7 +622,7 @@ class Runner:
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own group: an interrupt reaches its children
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the command
             run.out.text("stderr", f"cannot run the {run.step} command: {exc}\n")
             self.finish(run, "finished", 127)
             return
@@ -628,7 +674,8 @@ class Runner:
         elif run.step == "build" and status == 0:
             self.next_step(run)
         else:
-            self.finish(run, "finished", status)
+            interrupted = run.interrupted and status != 0
+            self.finish(run, "finished", status, "KeyboardInterrupt" if interrupted else None)
 
     def shutdown(self):
         run = self.run

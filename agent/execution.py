@@ -73,11 +73,13 @@ class Run:
         self.limit = limit
         self.status = RUNNING
         self.exit_code: int | None = None
+        self.error: str | None = None  # the exception a query that ended raised
         self.pending: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
         self.pending_size = 0
         self.used = 0
         self.cut = False
         self.changed = asyncio.Event()
+        self.attached = 0  # how many streams attached to it: each ends the earlier streams
 
     @property
     def live(self) -> bool:
@@ -109,9 +111,10 @@ class Run:
             self.pending.append((record, size))
         self.changed.set()
 
-    def end(self, status: str, exit_code: int | None) -> None:
+    def end(self, status: str, exit_code: int | None, error: str | None = None) -> None:
         self.status = status
         self.exit_code = exit_code
+        self.error = error
         self.changed.set()
 
     def take(self, budget: int = protocol.EXEC_FRAME_DATA) -> list[dict[str, Any]]:
@@ -140,6 +143,10 @@ class Run:
         if self.pending or self.live:
             return protocol.EXEC_CONTINUED, None
         return self.status, self.exit_code if self.status == protocol.EXEC_FINISHED else None
+
+    def answer_error(self) -> str | None:
+        """The exception the run ended on, once an answer says it ended."""
+        return None if self.pending or self.live else self.error
 
     async def wait(self, ready: Callable[[], bool], deadline: float | None) -> None:
         """Until ``ready()`` or the deadline (loop time)."""
@@ -261,7 +268,10 @@ class KernelRunner:
             code = code if isinstance(code, int) and not isinstance(code, bool) else None
             if code is not None and not protocol.EXIT_CODE_MIN <= code <= protocol.EXIT_CODE_MAX:
                 code = 1
-            run.end(status, code if status == protocol.EXEC_FINISHED else None)
+            error = message.get("error")
+            if not isinstance(error, str) or protocol.ERROR_NAME_RULE(error):
+                error = None
+            run.end(status, code if status == protocol.EXEC_FINISHED else None, error)
         elif kind == "completions":
             future = self.completions.pop(message["id"], None)
             matches = message["matches"]
@@ -332,7 +342,12 @@ class KernelRunner:
         if run is self.run and self.queued is not None:
             self.queued = None  # never started: nothing to interrupt
             run.add({"kind": "error", "data": "KeyboardInterrupt\n", "mime": None})
-            run.end(protocol.EXEC_FINISHED, 1)
+            run.end(protocol.EXEC_FINISHED, 1, "KeyboardInterrupt")
+        elif run.status == protocol.EXEC_WAITING_INPUT:
+            # input() raises KeyboardInterrupt: the run goes on to its end, which the
+            # answer to this interrupt waits for.
+            run.status = RUNNING
+            self._send({"op": "interrupt"})
         elif run.live:
             self._send({"op": "interrupt"})
 
@@ -389,6 +404,8 @@ class Execution:
             return
         mode = msg["mode"]
         try:
+            if _attaches(msg):
+                self._going(msg["kernel_id"])  # a page that opens starts no runner
             runner = self._runner(msg["kernel_id"])
             if runner.state == "unavailable":
                 self._answer_no_runner(msg)
@@ -419,6 +436,14 @@ class Execution:
             self.starting[kernel_id] = task
             task.add_done_callback(lambda _t: self.starting.pop(kernel_id, None))
         return runner
+
+    def _going(self, kernel_id: str) -> Run:
+        """The kernel's run that is going (running or waiting for input), else Refused."""
+        runner = self.runners.get(kernel_id)
+        run = runner.run if runner is not None else None
+        if run is None or run.status not in (RUNNING, protocol.EXEC_WAITING_INPUT):
+            raise Refused("no run is going in this session")
+        return run
 
     def _act(self, msg: dict[str, Any], runner: KernelRunner) -> Run:
         """Start, continue, feed or interrupt a run; Refused in users' words."""
@@ -470,13 +495,25 @@ class Execution:
             await run.wait(lambda: not run.live or _frame_full(run), deadline)
         records = run.take()
         status, exit_code = run.answer_status()
-        self._result(msg, run.run_id, status, exit_code=exit_code, records=records)
+        error = run.answer_error()
+        self._result(msg, run.run_id, status, exit_code=exit_code, records=records, error=error)
 
     async def _stream(self, msg: dict[str, Any], run: Run) -> None:
-        """exec_records as records come, then one exec_result when the run stops or waits."""
+        """exec_records as records come, then one exec_result when the run stops or waits.
+        A stream that attaches (``_attaches``: a page opened again) ends the streams of
+        the run before it, with "continued": the run's output goes to the newest."""
+        if _attaches(msg):
+            run.attached += 1
+            run.changed.set()
+        attached = run.attached
         while True:
-            await run.wait(lambda: bool(run.pending) or not run.live, None)
-            while run.pending:
+            await run.wait(
+                lambda: bool(run.pending) or not run.live or run.attached != attached, None
+            )
+            if run.attached != attached:
+                self._result(msg, run.run_id, protocol.EXEC_CONTINUED)
+                return
+            while run.pending and run.attached == attached:
                 if self.room is not None:
                     await self.room()
                 records = run.take()
@@ -488,10 +525,12 @@ class Execution:
                         "records": records,
                     }
                 )
+            if run.attached != attached:
+                continue  # answered "continued" above
             if not run.live:
                 break
         status, exit_code = run.answer_status()
-        self._result(msg, run.run_id, status, exit_code=exit_code)
+        self._result(msg, run.run_id, status, exit_code=exit_code, error=run.answer_error())
 
     # --- answers ----------------------------------------------------------------------
 
@@ -505,6 +544,7 @@ class Execution:
         records: list[dict[str, Any]] | None = None,
         completions: list[str] | None = None,
         reason: str | None = None,
+        error: str | None = None,
     ) -> None:
         self.backend.emit(
             {
@@ -516,6 +556,7 @@ class Execution:
                 "records": records or [],
                 "completions": completions,
                 "reason": reason,
+                "error": error,
             }
         )
 
@@ -556,6 +597,11 @@ class Execution:
             task.cancel()
         for kernel_id in list(self.runners):
             await self.close_kernel(kernel_id)
+
+
+def _attaches(msg: dict[str, Any]) -> bool:
+    """A streamed continue that names no run: follow the run that is going, if one is."""
+    return msg["mode"] == "continue" and msg.get("run_id") is None and bool(msg.get("stream"))
 
 
 def _frame_full(run: Run) -> bool:

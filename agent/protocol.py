@@ -67,12 +67,14 @@ TERM_CLOSED = "term_closed"
 EXEC_RECORDS = "exec_records"
 # {"type": "exec_result", "req_id": str, "run_id": str, "status": one of EXEC_STATUSES,
 #  "exit_code": int|None, "records": [Record, ...], "completions": [str, ...]|None,
-#  "reason": str|None}
+#  "reason": str|None, "error"?: str|None}
 #   the one answer that ends an exec's req_id (the gateway forgets the req_id then).
 #   A refusal (another run still going, no such run, a bad request) carries "reason"
 #   in users' words, status "finished", exit_code None and no records; a run's own
 #   answer has reason None. run_id is "" when there is no run (complete, and a
-#   refusal that names none).
+#   refusal that names none). "error": how a run that ended failed, the name of the
+#   exception a query raised (KeyboardInterrupt for a run interrupted, a batch's too),
+#   absent or null otherwise; bounds: ERROR_NAME below.
 EXEC_RESULT = "exec_result"
 # Record: {"kind": one of EXEC_RECORD_KINDS, "data": str, "mime": str|None}
 #   stdout/stderr: text. result/display: "mime" is the chosen type of the bundle
@@ -183,7 +185,9 @@ TUNNEL_FAILED = 4502  # close code of a tunnel whose port could not be reached
 #   run code in the kernel's code runner (one ipykernel per kernel, started on first
 #   use, so state persists between runs), at most one run per kernel at a time.
 #   query/batch start a run (run_id, or a new one of 16 hex when None); continue asks
-#   for more of run_id; input gives a waiting run its line (in "code"); interrupt
+#   for more of run_id (with run_id null and stream true: attach to the run that is
+#   going, running or waiting for input, refused when none is; the run's earlier
+#   streams end with status "continued", the output goes to the newest); input gives a waiting run its line (in "code"); interrupt
 #   interrupts run_id (or the current run); complete lists completions of "code" at
 #   options.cursor_pos. options: build, exec (batch shell commands), timeout (seconds,
 #   0 = none), cursor_pos. The agent answers within `flush` seconds with one
@@ -531,6 +535,9 @@ def exec_records(value: Any) -> str | None:
     return None
 
 
+ERROR_NAME_MAX = 100
+ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*", re.ASCII)
+ERROR_NAME_RULE = text(ERROR_NAME_MAX, pattern=ERROR_NAME, empty=False)
 _EXEC_ANSWER: dict[str, Field] = {
     "req_id": Field(text(32, pattern=_REQ_ID, empty=False), required=True),
     "run_id": Field(text(RUN_ID_MAX, pattern=_RUN_ID), required=True),
@@ -601,6 +608,7 @@ AGENT_MESSAGES: dict[str, dict[str, Field]] = {
             list_of(text(EXEC_COMPLETION_MAX), EXEC_COMPLETIONS_MAX), nullable=True
         ),
         "reason": Field(text(REASON_MAX), nullable=True),
+        "error": Field(ERROR_NAME_RULE, nullable=True),
     },
     ERROR: {
         "message": Field(text(MESSAGE_MAX), nullable=True),

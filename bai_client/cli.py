@@ -129,6 +129,16 @@ def sessions_show(session: str, as_json: bool) -> None:
     output.echo_json(detail) if as_json else output.session_details(detail)
 
 
+@sessions.command("runs")
+@click.argument("session")
+@json_option
+def sessions_runs(session: str, as_json: bool) -> None:
+    """SESSION's code runs, newest first: who ran what mode when, and how it ended."""
+    client = _client()
+    runs = _api(lambda: client.call("GET", f"sessions/{client.session_id(session)}/runs/"))
+    output.echo_json(runs) if as_json else output.runs_table(runs)
+
+
 def _create(client: Client, image: str | None, options: dict[str, Any], wait: bool) -> Any:
     spec = _api(lambda: launch_spec(client, image, **options))
     created = _api(lambda: client.call("POST", "sessions/", spec))
@@ -151,7 +161,11 @@ def _create(client: Client, image: str | None, options: dict[str, Any], wait: bo
     help="The session type (default: interactive).",
 )
 @launch_options
-@click.option("--wait", is_flag=True, help="Wait until it runs, showing each change of status.")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait until it runs (a batch session: until it ends), showing each change of status.",
+)
 @json_option
 def sessions_create(image: str | None, wait: bool, as_json: bool, **options: Any) -> None:
     """Start a session from IMAGE (or from --template)."""

@@ -131,15 +131,18 @@ def wait_until_running(
     client: Client, session: dict[str, Any], say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Look at ``session`` until it runs or ends, saying each change of status
-    after the one it had (with the reason, e.g. why it waits). Returns the
+    after the one it had (with the reason, e.g. why it waits). A batch session is
+    waited for until it ends (as Slurm's ``sbatch --wait``): its result is what
+    counts, and seeing it run for a moment says nothing of that. Returns the
     session as last seen."""
     shown = (session["status"], session["status_reason"])
+    batch = session.get("type") == "batch"
     while True:
         status, reason = session["status"], session["status_reason"]
         if (status, reason) != shown:
             say(f"{session['name']}: {status}" + (f" ({reason})" if reason else ""))
             shown = (status, reason)
-        if status == "RUNNING" or status in ENDED:
+        if status in ENDED or (status == "RUNNING" and not batch):
             return session
         time.sleep(WAIT_INTERVAL)
         session = client.call("GET", f"sessions/{session['id']}/")
@@ -148,7 +151,9 @@ def wait_until_running(
 def failure(session: dict[str, Any]) -> str | None:
     """Why a waited-for session did not come up, or None when it runs (or a batch
     session already ended well)."""
-    if session["status"] == "RUNNING" or session.get("result") == "SUCCESS":
+    if session.get("result") == "SUCCESS":
+        return None
+    if session["status"] == "RUNNING" and session.get("type") != "batch":
         return None
     reason = session["status_reason"] or "no reason given"
     return f"session {session['name']} ended {session['status']}: {reason}"

@@ -236,3 +236,13 @@ def endpoint_details(endpoint: dict[str, Any], history: list[dict[str, Any]] | N
             ["TIME", "KIND", "WHAT"],
             [[e["created_at"], e["kind"], e["message"]] for e in history[-20:]],
         )
+
+
+def runs_table(runs: list[dict[str, Any]]) -> None:
+    table(
+        ["STARTED", "BY", "MODE", "RUN", "ENDED", "EXIT"],
+        [
+            [r["started_at"], r["user"], r["mode"], r["run_id"], r["outcome"], r["exit_code"]]
+            for r in runs
+        ],
+    )

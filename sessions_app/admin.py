@@ -673,7 +673,7 @@ class SessionEventAdmin(AuditHistory, admin.ModelAdmin):
 class ExecutionRunAdmin(AuditHistory, admin.ModelAdmin):
     """Who ran code where, when, and how it ended (never the code or its output)."""
 
-    list_display = ["run_id", "session", "user", "mode", "status", "exit_code", "started_at"]
+    list_display = ["run_id", "session", "user", "mode", "outcome", "exit_code", "started_at"]
     list_filter = ["status", "mode"]
     search_fields = ["run_id", "session__name", "user__username"]
     list_select_related = ["session", "user"]

@@ -74,15 +74,6 @@ from .templates import (
 MAX_LIST = 500
 
 
-def _touch(session: Session, request: Request) -> None:
-    # API calls about a session count as activity (idle timeout) when made by its owner.
-    if session.owner_id == request.user.pk:
-        now = timezone.now()
-        services.session_touch(session_id=session.pk, now=now)
-        if not session.is_terminal:
-            session.last_activity_at = now  # so the response shows the moved idle deadline
-
-
 class QueryFlag(serializers.BooleanField):
     """A yes/no query parameter: ``true``/``false`` (or ``1``/``0``), nothing looser."""
 
@@ -601,7 +592,6 @@ class SessionDetailApi(APIView):
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.get_session_detail_for_user(user=request.user, session_id=session_id)
-        _touch(session, request)
         return Response(SessionDetailSerializer(session).data)
 
 
@@ -644,6 +634,11 @@ class ExecOutputSerializer(serializers.Serializer):
         help_text="Once finished: 0, or 1 after an exception (batch: the command's).",
     )
     records = ExecRecordSerializer(many=True, help_text="What the run wrote since the last answer.")
+    error = serializers.CharField(
+        required=False,
+        help_text="Once a run ended on an exception: its name (KeyboardInterrupt when "
+        "interrupted, a batch's too). Absent otherwise.",
+    )
     completions = serializers.ListField(
         child=serializers.CharField(), required=False, help_text="For mode complete."
     )
@@ -688,10 +683,25 @@ class SessionExecuteApi(APIView):
 
 class RunSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username")
+    outcome = serializers.CharField(
+        read_only=True,
+        help_text='How it ended: "finished", "error: ZeroDivisionError", "interrupted", '
+        '"exit status 3", "timed out", or "running".',
+    )
 
     class Meta:
         model = ExecutionRun
-        fields = ["run_id", "mode", "user", "status", "exit_code", "started_at", "finished_at"]
+        fields = [
+            "run_id",
+            "mode",
+            "user",
+            "status",
+            "exit_code",
+            "error",
+            "outcome",
+            "started_at",
+            "finished_at",
+        ]
 
 
 class SessionRunsApi(APIView):
@@ -699,7 +709,6 @@ class SessionRunsApi(APIView):
     def get(self, request: Request, session_id: str) -> Response:
         """The session's code runs, newest first (the latest 500)."""
         session = selectors.get_session_for_user(user=request.user, session_id=session_id)
-        _touch(session, request)
         runs = selectors.session_runs(session=session)[:MAX_LIST]
         return Response(RunSerializer(runs, many=True).data)
 
@@ -741,7 +750,6 @@ class KernelLogsApi(APIView):
         kernel = selectors.get_kernel_for_user(
             user=request.user, session_id=session_id, kernel_ref=kernel_id
         )
-        _touch(kernel.session, request)
         return Response(
             {
                 "kernel": kernel.cluster_hostname,

@@ -59,8 +59,8 @@ TERM_OPEN_RETRY = 2.0
 CLOSE_GONE = 4410
 CLOSE_TOO_MANY = 4429
 
-# An open terminal or log stream counts as activity (idle timeout): touch the
-# session this often while it is open, and at most this often on input.
+# Activity (idle timeout): a code run touches its session this often while it
+# goes, and input (keystrokes, runs, answers) at most this often.
 TOUCH_EVERY = 30.0
 TOUCH_INPUT_THROTTLE = 5.0
 MAX_TERM_SIZE = 1000
@@ -171,47 +171,52 @@ def _load_kernel(user: Any, session_id: str, kernel_ref: str) -> Kernel:
 
 
 class _Toucher:
-    """Counts an open stream as activity on its session (idle timeout)."""
+    """Counts what the owner does through a stream as activity on its session (idle
+    timeout): terminal keystrokes, code runs and their input (README, "Time limits").
+    An open stream alone is not activity, as an open page is not."""
 
     session_id: str | None = None
-    _touch_task: asyncio.Task[None] | None = None
-    _last_touch: float = 0.0
+    _busy_task: asyncio.Task[None] | None = None
+    _last_touch: float = -TOUCH_INPUT_THROTTLE
     _touch_owner: bool = False
 
-    def start_touching(self, session: Session, user: Any) -> None:
+    def touch_for(self, *, session_id: str, owner_acts: bool) -> None:
         # An admin looking in is not the owner's activity.
-        self.touch_while_open(session_id=str(session.pk), owner_acts=session.owner_id == user.pk)
-
-    def touch_while_open(self, *, session_id: str, owner_acts: bool) -> None:
         self._touch_owner = owner_acts
         self.session_id = session_id
-        if owner_acts:
-            self._touch_task = asyncio.create_task(self._touch_loop())
+
+    def touch_soon(self) -> asyncio.Future[bool] | None:
+        """On input: at most once per TOUCH_INPUT_THROTTLE, off the hot path. The
+        future (None: not touched now) is done once the activity is written."""
+        if self._touch_owner and time.monotonic() - self._last_touch >= TOUCH_INPUT_THROTTLE:
+            self._last_touch = time.monotonic()
+            return touch_later(self.session_id)  # type: ignore[arg-type]
+        return None
+
+    def touch_while(self, busy: bool) -> None:
+        """While ``busy`` (a code run goes), touch every TOUCH_EVERY: a run is activity
+        from its start to its end, as a busy kernel is in Jupyter."""
+        if busy and self._touch_owner and self._busy_task is None:
+            self._busy_task = asyncio.create_task(self._touch_loop())
+        elif not busy:
+            self.stop_touching()
 
     async def _touch_loop(self) -> None:
         while True:
-            self._touch()
             await asyncio.sleep(TOUCH_EVERY)
-
-    def _touch(self) -> None:
-        self._last_touch = time.monotonic()
-        touch_later(self.session_id)  # type: ignore[arg-type]
-
-    def touch_soon(self) -> None:
-        """On input: at most once per TOUCH_INPUT_THROTTLE, off the hot path."""
-        if self._touch_owner and time.monotonic() - self._last_touch >= TOUCH_INPUT_THROTTLE:
-            self._touch()
+            self._last_touch = time.monotonic()
+            touch_later(self.session_id)  # type: ignore[arg-type]
 
     def stop_touching(self) -> None:
-        if self._touch_task is not None:
-            self._touch_task.cancel()
-            self._touch_task = None
+        if self._busy_task is not None:
+            self._busy_task.cancel()
+            self._busy_task = None
 
 
 # --- logs ------------------------------------------------------------------
 
 
-class KernelLogsConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebsocketConsumer):
+class KernelLogsConsumer(LoopDispatch, OpenSockets, _Refusing, AsyncWebsocketConsumer):
     """``/ws/sessions/<session_id>/kernels/<hostname-or-id>/logs/``.
 
     To the browser: ``{"type": "state", "live": bool, "kernel", "status", "message"}``
@@ -279,7 +284,6 @@ class KernelLogsConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWe
                 }
             ),
         )
-        self.start_touching(session, user)
         logger.info("logs of kernel %s followed by user %s", kernel.pk, user.pk)
 
     async def _send_kept(self, kernel: Kernel) -> None:
@@ -307,7 +311,6 @@ class KernelLogsConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWe
         )
 
     async def disconnect(self, code: int) -> None:
-        self.stop_touching()
         if self.stream_id is not None:
             await self.channel_layer.group_send(
                 self.agent_group,
@@ -473,7 +476,7 @@ class TerminalConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebs
                 str(tab),
             )
         )
-        self.start_touching(session, user)
+        self.touch_for(session_id=str(session.pk), owner_acts=session.owner_id == user.pk)
         logger.info(
             "terminal %s opened on session %s by user %s", self.term_id, session.pk, user.pk
         )
@@ -643,7 +646,7 @@ def _exec_body(message: dict[str, Any]) -> dict[str, Any]:
     kind = message.get("type")
     fields = EXEC_MESSAGES.get(kind) if isinstance(kind, str) else None
     if fields is None:
-        raise InvalidInput("unknown message; send run, input, interrupt, complete or ping")
+        raise InvalidInput("unknown message; send run, input, interrupt, complete, attach or ping")
     unknown = sorted(str(key) for key in message if key != "type" and key not in fields)
     if unknown:
         raise InvalidInput(f"{kind}: unknown field {', '.join(unknown)}")
@@ -665,12 +668,18 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
 
     Browser → server: ``{"type": "run", "mode": "query"|"batch", "code", "options"?,
     "run_id"?}``, ``{"type": "input", "run_id", "code"}``, ``{"type": "interrupt",
-    "run_id"?}``, ``{"type": "complete", "code", "cursor_pos"}``, ``{"type": "ping"}``.
+    "run_id"?}``, ``{"type": "complete", "code", "cursor_pos"}``, ``{"type": "attach"}``,
+    ``{"type": "ping"}``.
     Server → browser: ``{"type": "records", "run_id", "records"}`` as they come, then
-    ``{"type": "result", "run_id", "status", "exit_code", "completions"?}`` (after a
-    ``waiting-input`` result, more comes once ``input`` is sent), or ``{"type":
-    "error", "message"}`` for a request refused (the stream stays open); and, once
-    the history has these runs' rows as they stand, ``{"type": "history", "run_ids"}``.
+    ``{"type": "result", "run_id", "status", "exit_code", "error"?, "completions"?}``
+    (after a ``waiting-input`` result, more comes once ``input`` is sent; a
+    ``continued`` one: another page follows the run now), or ``{"type": "error",
+    "message"}`` for a request refused (the stream stays open); once the history
+    has these runs' rows as they stand, ``{"type": "history", "run_ids"}``; once the
+    owner's activity is written, ``{"type": "activity"}``. ``{"type": "attach"}``
+    follows the run that is going, if one is (a page reloaded during ``input()``):
+    ``{"type": "pending", "run_id"}``, then that run's records and result; nothing
+    when none is.
     """
 
     socket_kind = "execute"
@@ -705,7 +714,7 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         await self.channel_layer.group_add(self.owner_group, self.channel_name)
         await self.accept()
         self.target = target
-        self.touch_while_open(session_id=target.session_id, owner_acts=target.owner_acts)
+        self.touch_for(session_id=target.session_id, owner_acts=target.owner_acts)
         logger.info("code runs of session %s opened by user %s", target.session_id, user.pk)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -722,6 +731,11 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         if len(self.pending) >= MAX_PENDING_RUNS:
             await self._error(f"{len(self.pending)} requests wait for answers; wait for one first")
             return
+        if message.get("type") == "attach":
+            # A page opened again (reloaded while its run waited in input(), say)
+            # follows the run that is going; opening a page is not activity.
+            await self._ask(execution.ATTACH, attach=True)
+            return
         try:
             request = execution.exec_request(
                 _exec_body(message), max_code=settings.BAI_EXEC_MAX_CODE
@@ -729,24 +743,53 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
         except InvalidInput as exc:
             await self._error(exc.message)
             return
-        self.touch_soon()
-        command = execution.exec_command(target=self.target, request=request, stream=True)
-        self.pending[command["req_id"]] = execution.Sent(request)
-        await execution.send_to_agent(self.target, command, reply=self.channel_name)
+        written = self.touch_soon()
+        if written is not None:
+            written.add_done_callback(self._activity_written)
+        await self._ask(request)
+
+    async def _ask(self, request: execution.ExecRequest, *, attach: bool = False) -> None:
+        target = self.target
+        if target is None:
+            return
+        command = execution.exec_command(target=target, request=request, stream=True)
+        self.pending[command["req_id"]] = execution.Sent(request, attach=attach)
+        self.touch_while(True)
+        await execution.send_to_agent(target, command, reply=self.channel_name)
+
+    def _activity_written(self, written: asyncio.Future[bool]) -> None:
+        """The page shows the session's last activity and idle deadline: tell it they moved."""
+        if not self.closed and not written.cancelled() and written.result():
+            self.activity_told = asyncio.create_task(self._tell_activity())
+
+    async def _tell_activity(self) -> None:
+        with contextlib.suppress(Exception):  # it may close meanwhile
+            await self.send(text_data='{"type":"activity"}')
 
     async def exec_records(self, event: dict[str, Any]) -> None:
         sent = self.pending.get(event["req_id"])
         if sent is not None:
+            await self._announce(sent, event)
             await self._records(event)
             self._record(sent, event)
+
+    async def _announce(self, sent: execution.Sent, event: dict[str, Any]) -> None:
+        """Before the first answer of an attach: the run this page now follows."""
+        if sent.attach:
+            sent.attach = False
+            pending = {"type": "pending", "run_id": event["run_id"]}
+            await self.send(text_data=json.dumps(pending))
 
     async def exec_result(self, event: dict[str, Any]) -> None:
         sent = self.pending.pop(event["req_id"], None)
         if sent is None:
             return
+        self.touch_while(bool(self.pending))
         if event.get("reason") is not None:
-            await self._error(event["reason"])
+            if not sent.attach:  # an attach refused: no run is going, nothing to show
+                await self._error(event["reason"])
         else:
+            await self._announce(sent, event)
             if event["records"]:
                 await self._records(event)
             result = {"type": "result", **execution.answer_fields(event)}
@@ -755,6 +798,7 @@ class ExecuteConsumer(LoopDispatch, OpenSockets, _Refusing, _Toucher, AsyncWebso
 
     async def exec_lost(self, event: dict[str, Any]) -> None:
         sent = self.pending.pop(event["req_id"], None)
+        self.touch_while(bool(self.pending))
         if sent is not None:
             await self._error(event["reason"])
             self._record(sent, None)

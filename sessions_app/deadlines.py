@@ -8,8 +8,8 @@ The rules (CONCEPTS.md, "Dependencies, templates, idleness"):
 
 - **Idle timeout** (policy ``idle_timeout``) applies to *interactive* and
   *system* (SFTP) sessions that run. The clock starts at the later of the last activity
-  (``last_activity_at``: terminal input, an open terminal or log stream, API
-  calls about the session, an SFTP connection) and the moment the session started running, so a
+  (``last_activity_at``: terminal keystrokes, code runs and their input, app
+  traffic through the apps proxy, an SFTP connection; not an open page) and the moment the session started running, so a
   slow image pull does not count as idleness. Batch sessions are never idle:
   their command is the activity, and they end by themselves.
 - **Lifetime limit** (policy ``max_session_lifetime``) applies to every session

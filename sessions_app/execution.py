@@ -98,6 +98,10 @@ class ExecTarget:
     owner_acts: bool
 
 
+# What a console's socket asks when it opens: follow the run that is going (running
+# or waiting for input), which an earlier page started; the agent refuses it when none is.
+ATTACH = ExecRequest(mode="continue")
+
 # --- checks ------------------------------------------------------------------
 
 
@@ -133,6 +137,12 @@ def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]
         errors["code"] = [f"{size} bytes of utf-8; the limit is {max_code} bytes"]
     elif request.code and mode in TAKES_NO_CODE:
         errors["code"] = [f"{mode} takes no code"]
+    elif mode in STARTS_RUN and "\x00" in request.code:
+        errors["code"] = [_nul_refusal(request.code, "Python source and shell commands")]
+    for name in ("build", "exec"):
+        command = request.options.get(name)
+        if isinstance(command, str) and "\x00" in command:
+            errors[f"options.{name}"] = [_nul_refusal(command, "shell commands")]
     if request.run_id is None and mode in NEEDS_RUN_ID:
         errors["run_id"] = [f"is required {NEEDS_RUN_ID[mode]}"]
     for name in request.options:
@@ -146,6 +156,11 @@ def _meaning_errors(request: ExecRequest, max_code: int) -> dict[str, list[str]]
             f"{cursor} is past the end of the code ({len(request.code)} characters)"
         ]
     return errors
+
+
+def _nul_refusal(text: str, what: str) -> str:
+    line = text.count("\n", 0, text.index("\x00")) + 1
+    return f"holds a NUL character (line {line}), which {what} cannot hold; write it as \\0"
 
 
 def _invalid(errors: dict[str, list[str]]) -> InvalidInput:
@@ -220,6 +235,8 @@ class Sent:
     request: ExecRequest
     sent_at: datetime = field(default_factory=timezone.now)
     recorded: bool = False
+    # A page that opens follows the run that is going, if one is (``ATTACH``).
+    attach: bool = False
 
     def history_change(self, answer: dict[str, Any] | None) -> str | None:
         """What ``answer`` (an ``exec_result`` or ``exec_records``; None when
@@ -251,6 +268,7 @@ def run_record(
     fields = {
         "status": status if ended else RunStatus.RUNNING,
         "exit_code": answer["exit_code"] if answer and ended else None,
+        "error": (answer.get("error") or "") if answer and ended else "",
         "finished_at": timezone.now() if ended else None,
     }
     if change == "create":
@@ -417,9 +435,12 @@ def _run(command: dict[str, Any]) -> dict[str, Any]:
 
 
 def answer_fields(answer: dict[str, Any]) -> dict[str, Any]:
-    """What a user sees of an ``exec_result``: status, run id, exit code, and
-    completions when it answers a complete."""
+    """What a user sees of an ``exec_result``: status, run id, exit code, the
+    exception a run ended on when it raised one, and completions when it
+    answers a complete."""
     shown = {key: answer.get(key) for key in ("status", "run_id", "exit_code")}
+    if answer.get("error"):
+        shown["error"] = answer["error"]
     if answer.get("completions") is not None:
         shown["completions"] = answer["completions"]
     return shown

@@ -5,6 +5,7 @@ batches."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 
@@ -43,13 +44,24 @@ class _TouchBatch:
 
     def __init__(self) -> None:
         self.pending: set[str] = set()
+        self.written: asyncio.Future[bool] | None = None  # the pending ones' write
         self.task: asyncio.Task[None] | None = None
         self.last_flush = 0.0
 
-    def add(self, session_id: str) -> None:
+    def add(self, session_id: str) -> asyncio.Future[bool]:
         self.pending.add(session_id)
+        if self.written is None:
+            self.written = asyncio.get_running_loop().create_future()
+        written = self.written
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._flush())
+            # The batch is the loop's, not the caller's: a context of its own. In the
+            # caller's (a REST run's), its database work would go to that request's
+            # thread, gone once the request answers ("CurrentThreadExecutor already
+            # quit" under SQLite's thread-sensitive ``db``, and the activity lost).
+            self.task = asyncio.get_running_loop().create_task(
+                self._flush(), context=contextvars.Context()
+            )
+        return written
 
     async def _flush(self) -> None:
         while self.pending:
@@ -57,11 +69,17 @@ class _TouchBatch:
             if wait > 0:
                 await asyncio.sleep(wait)
             ids, self.pending = self.pending, set()
+            written, self.written = self.written, None
             self.last_flush = time.monotonic()
             try:
                 await db(_touch_sessions)(ids)
             except Exception:  # noqa: BLE001 - activity is best effort; never kill a stream
                 logger.warning("touching sessions %s failed", sorted(ids), exc_info=True)
+                if written is not None:
+                    written.set_result(False)
+            else:
+                if written is not None:
+                    written.set_result(True)
 
 
 def _touch_sessions(ids: set[str]) -> None:
@@ -72,12 +90,13 @@ def _touch_sessions(ids: set[str]) -> None:
 _touch_batches: dict[asyncio.AbstractEventLoop, _TouchBatch] = {}
 
 
-def touch_later(session_id: str) -> None:
-    """Count activity on a session (idle timeout), written within ``TOUCH_FLUSH_GAP``."""
+def touch_later(session_id: str) -> asyncio.Future[bool]:
+    """Count activity on a session (idle timeout), written within ``TOUCH_FLUSH_GAP``;
+    the future says, once done, whether it was written."""
     loop = asyncio.get_running_loop()
     batch = _touch_batches.get(loop)
     if batch is None:
         for old in [old for old in _touch_batches if old.is_closed()]:
             del _touch_batches[old]
         batch = _touch_batches[loop] = _TouchBatch()
-    batch.add(session_id)
+    return batch.add(session_id)

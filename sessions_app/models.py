@@ -853,6 +853,8 @@ class ExecutionRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
     exit_code = models.IntegerField(null=True, blank=True)
+    # The exception a query ended on (KeyboardInterrupt: interrupted), "" when none.
+    error = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:
         ordering = ["-started_at", "-id"]
@@ -873,3 +875,19 @@ class ExecutionRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} ({self.mode}, {self.status}) in {self.session_id}"
+
+    @property
+    def outcome(self) -> str:
+        """How it ended, in words: "finished", "error: ZeroDivisionError",
+        "interrupted", "exit status 3", "timed out" (or "running")."""
+        if self.status == RunStatus.RUNNING:
+            return "running"
+        if self.status == RunStatus.EXEC_TIMEOUT:
+            return "timed out"
+        if self.error == "KeyboardInterrupt":
+            return "interrupted"
+        if self.error:
+            return f"error: {self.error}"
+        if self.exit_code:
+            return f"exit status {self.exit_code}"
+        return "finished"

@@ -1,7 +1,7 @@
 // The code console of a session's detail page: code runs in main1's interpreter
 // (a Jupyter kernel) over /ws/sessions/<id>/execute/, its records stream in as they
 // come, an input() prompt gets a line to answer, Interrupt stops a run, and the
-// session's run history (who, when, mode, status) is listed below.
+// session's run history (who, when, mode, how it ended) is listed below.
 //
 // Output is never put into the page as markup: text goes in as text, images as
 // data: URLs of an <img>, and text/html in a sandboxed frame (no scripts, an origin
@@ -15,7 +15,7 @@ const ANSI = /\x1b\[[0-9;?]*[A-Za-z]/g;
 const MAX_NODES = 2000; // records kept on screen; older ones scroll away
 
 // running: a run is going (its id once the first answer names it, else "…").
-const state = { running: null, waiting: false, socket: null, sessionId: null };
+const state = { running: null, waiting: false, socket: null, sessionId: null, onActivity: () => {} };
 window.consoleState = state;
 
 function setBusy(runId) {
@@ -76,9 +76,17 @@ function onResult(msg) {
     askInput();
     return;
   }
+  if (msg.status === "continued") { // another page (this one reloaded, say) follows the run now
+    if (state.running) output(el("p.rec.rec-end", { "data-kind": "moved" }, `${msg.run_id}: followed in another page`));
+    $("c-input").hidden = true;
+    state.waiting = false;
+    setBusy(null);
+    return;
+  }
   if (!state.running) return; // the run's end is shown already (an interrupt's answer repeats it)
   const code = msg.exit_code === null || msg.exit_code === undefined ? "" : ` (exit code ${msg.exit_code})`;
-  output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${msg.status}${code}`));
+  const ended = !msg.error ? msg.status : msg.error === "KeyboardInterrupt" ? "interrupted" : `error: ${msg.error}`;
+  output(el(`p.rec.rec-end.end-${msg.status}`, { "data-kind": "end" }, `${msg.run_id}: ${ended}${code}`));
   $("c-input").hidden = true;
   state.waiting = false;
   setBusy(null);
@@ -87,11 +95,19 @@ function onResult(msg) {
 /** The run's id as the server named it ("" until then). */
 const runId = () => (state.running && state.running !== "…" ? state.running : undefined);
 
+/** A run that was going when the page opened (reloaded while it waited in input(), say). */
+function onPending(msg) {
+  output(el("p.rec.rec-end", { "data-kind": "pending" }, `${msg.run_id}: still going (started before this page opened)`));
+  setBusy(msg.run_id);
+}
+
 function onMessage(msg) {
+  if (msg.type === "pending") onPending(msg);
   if (state.running && msg.run_id) setBusy(msg.run_id);
   if (msg.type === "records") showRecords(msg.records);
   else if (msg.type === "result") onResult(msg);
   else if (msg.type === "history") loadHistory(); // the runs' rows are written
+  else if (msg.type === "activity") state.onActivity(); // the session's last activity moved
   else if (msg.type === "error") {
     output(el("p.rec.rec-refused", { role: "alert", "data-kind": "refused" }, msg.message));
     if (state.running && !state.waiting) setBusy(null);
@@ -122,7 +138,7 @@ async function loadHistory() {
       el("td", {}, r.user),
       el("td", {}, r.mode),
       el("td.mono", {}, r.run_id),
-      el("td", {}, r.status || "running"),
+      el(r.error || r.exit_code || r.status === "exec-timeout" ? "td.outcome.failed" : "td.outcome", {}, r.outcome || r.status),
       el("td", {}, r.exit_code === null || r.exit_code === undefined ? "—" : String(r.exit_code)),
     )));
     $("c-history-empty").hidden = runs.length > 0;
@@ -132,9 +148,11 @@ async function loadHistory() {
   }
 }
 
-/** Wire the console of session `s` (its panel is in detail.html). */
-export function startConsole(s) {
+/** Wire the console of session `s` (its panel is in detail.html); `onActivity`:
+ * the server wrote this console's activity (the page re-reads the session's times). */
+export function startConsole(s, { onActivity } = {}) {
   state.sessionId = s.id;
+  if (onActivity) state.onActivity = onActivity;
   const panel = $("console");
   if (!panel) return;
   loadHistory();
@@ -161,7 +179,15 @@ export function startConsole(s) {
 function connect(s) {
   if (s.status !== "RUNNING" || state.socket) return;
   state.socket = liveSocket(`/ws/sessions/${s.id}/execute/`, {
-    onOpen: () => { window.consoleReady = true; $("c-note").textContent = ""; setBusy(state.running); },
+    onOpen: (socket) => {
+      // What goes on is the server's to say: the run going, if one is, comes back as "pending".
+      $("c-input").hidden = true;
+      state.waiting = false;
+      setBusy(null);
+      socket.send({ type: "attach" });
+      window.consoleReady = true;
+      $("c-note").textContent = "";
+    },
     onMessage,
     onClose: ({ error, final }) => {
       window.consoleReady = false;

@@ -38,10 +38,18 @@ function countdown(iso, label) {
   return el("span.countdown", { "data-deadline": iso, "data-label": label }, "");
 }
 
+// Deadlines already re-read once they came due (activity elsewhere, a terminal or an
+// app, may have moved them; the page asks the server rather than guess).
+const dueAsked = new Set();
+
 function tickCountdowns() {
   document.querySelectorAll("[data-age]").forEach((node) => { node.textContent = fmtAge(node.dataset.age); });
   document.querySelectorAll("[data-deadline]").forEach((node) => {
     const left = (Date.parse(node.dataset.deadline) - Date.now()) / 1000;
+    if (left <= 0 && !dueAsked.has(node.dataset.deadline)) {
+      dueAsked.add(node.dataset.deadline);
+      refetch();
+    }
     node.textContent = left > 0 ? `${fmtDuration(left)} left` : "due now";
     node.title = `${node.dataset.label} at ${fmtTime(node.dataset.deadline)}`;
     node.classList.toggle("soon", left < 300);
@@ -191,7 +199,7 @@ $("d-terminate").addEventListener("click", async () => {
   }
 });
 
-startConsole(session);
+startConsole(session, { onActivity: refetch });
 render();
 setInterval(tickCountdowns, 1000);
 followSessions((items) => {

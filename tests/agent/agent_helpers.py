@@ -276,6 +276,47 @@ class CodeExecutionOnEveryBackend:
         answer, records = await runs.run("Ada", mode="input", run_id=answer["run_id"])
         assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "hi Ada\n")
 
+    async def test_a_run_waiting_for_input_is_interrupted_and_the_next_one_runs(
+        self, runs: Runs
+    ) -> None:
+        answer, _ = await runs.run("name = input('Name: ')")
+        assert answer["status"] == "waiting-input"
+        answer, records = await runs.run("", mode="interrupt", run_id=answer["run_id"])
+        assert (answer["status"], answer["exit_code"], answer["error"]) == (
+            "finished",
+            1,
+            "KeyboardInterrupt",
+        )
+        assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
+        answer, records = await runs.run("print('next')")
+        assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "next\n")
+
+    async def test_a_page_opened_again_attaches_to_the_run_that_is_going(self, runs: Runs) -> None:
+        """A streamed continue without a run id follows the run that is going (a page
+        reloaded while its run waits in input() or runs); with none going it is refused."""
+        refused = await runs.ask("continue", stream=True)
+        assert refused["reason"] == "no run is going in this session"
+        answer, _ = await runs.run("name = input('Name: ')\nprint('hi', name)")
+        attached = await runs.ask("continue", stream=True)
+        assert (attached["status"], attached["run_id"]) == ("waiting-input", answer["run_id"])
+        answer, records = await runs.run("Ada", mode="input", run_id=answer["run_id"])
+        assert (answer["status"], text(records)) == ("finished", "hi Ada\n")
+
+        # A run that goes: the stream that attached gets the rest, the first one ends.
+        code = "import time\nfor i in range(4):\n    print(i, flush=True)\n    time.sleep(0.5)"
+        run_id = uuid.uuid4().hex[:16]
+        ask = runs.ask("query", code, run_id=run_id, stream=True, timeout=30)
+        first = asyncio.ensure_future(ask)
+        async with asyncio.timeout(30):
+            while not [f for f in runs.frames.seen if f.get("run_id") == run_id]:
+                await asyncio.sleep(0.05)
+        attached = await runs.ask("continue", stream=True, timeout=30)
+        first = await first
+        assert first["status"] == "continued" and attached["run_id"] == run_id
+        assert (attached["status"], attached["exit_code"]) == ("finished", 0)
+        assert text(first["records"]) + text(attached["records"]) == "0\n1\n2\n3\n"
+        assert text(attached["records"]).endswith("3\n")
+
     async def test_a_ten_second_run_comes_in_pieces_to_its_end(self, runs: Runs) -> None:
         """Streamed as it prints, or answered about every flush while it is continued."""
         code = "import time\nfor i in range(10):\n    print(i, flush=True)\n    time.sleep(1)\n"
@@ -301,8 +342,41 @@ class CodeExecutionOnEveryBackend:
         answer = await runs.ask("query", "while True: pass", flush=0.5)
         assert answer["status"] == "continued"
         answer, records = await runs.run("", mode="interrupt", run_id=answer["run_id"])
-        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        assert (answer["status"], answer["exit_code"], answer["error"]) == (
+            "finished",
+            1,
+            "KeyboardInterrupt",
+        )
         assert "KeyboardInterrupt" in ANSI.sub("", text(records, "error"))
+
+    async def test_code_holding_a_nul_ends_with_an_error_and_the_next_run_runs(
+        self, runs: Runs
+    ) -> None:
+        """ipykernel 6 (the Docker image's) fails on such code without a reply: the run
+        used to stay "continued" for ever and refuse every next run."""
+        answer = await runs.ask("query", "print('a\u0000b')", flush=1.0)
+        records = list(answer["records"])
+        for _ in range(15):  # ends within the kernel's start and the runner's grace
+            if answer["status"] != "continued":
+                break
+            answer = await runs.ask("continue", run_id=answer["run_id"], flush=1.0)
+            records += answer["records"]
+        assert (answer["status"], answer["exit_code"]) == ("finished", 1)
+        said = ANSI.sub("", text(records, "error") + text(records, "notice"))
+        assert "null bytes" in said, records
+        answer, records = await runs.run("print('after')")
+        assert (answer["status"], answer["exit_code"], text(records)) == ("finished", 0, "after\n")
+
+    async def test_a_run_that_raises_names_its_exception(self, runs: Runs) -> None:
+        answer, records = await runs.run("1 / 0")
+        assert (answer["status"], answer["exit_code"], answer["error"]) == (
+            "finished",
+            1,
+            "ZeroDivisionError",
+        )
+        assert "ZeroDivisionError" in ANSI.sub("", text(records, "error"))
+        answer, _ = await runs.run("import sys\nsys.exit(3)")
+        assert (answer["exit_code"], answer["error"]) == (3, None)
 
     async def test_a_png_display_comes_back_as_image_png(self, runs: Runs) -> None:
         code = f"from IPython.display import Image, display\ndisplay(Image(data={PNG_1PX!r}))\n"

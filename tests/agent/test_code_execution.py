@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from asyncio.subprocess import PIPE
 from decimal import Decimal
 from pathlib import Path
@@ -98,18 +97,16 @@ class TestCodeExecution(CodeExecutionOnEveryBackend):
     stream = False
 
 
-async def test_streamed_output_flows_at_more_than_10_mb_per_second(runs, daemon):
+async def test_50_mb_of_streamed_output_arrives_whole(runs, daemon):
+    # Its speed (>= 10 MB/s) is bench/exec.py's to measure, never a timed test's.
     agent, _ = daemon
     agent.config.exec_output_limit = 64 * 1024**2
     try:
-        started = time.monotonic()
         answer = await runs.ask("query", FLOOD_50MB, stream=True, timeout=120)
-        elapsed = time.monotonic() - started
     finally:
         agent.config.exec_output_limit = LIMIT
     assert (answer["status"], answer["exit_code"]) == ("finished", 0)
     assert len(text(answer["records"])) == 50_000_000
-    assert 50 / elapsed > 10, f"{50 / elapsed:.1f} MB/s"
 
 
 async def test_a_run_past_its_timeout_is_stopped_and_says_so(runs):

@@ -413,13 +413,28 @@ async def test_an_admin_may_attach_and_an_api_client_may_use_a_token(
     await comm.disconnect()
 
 
-async def test_an_open_terminal_counts_as_activity(running, alice, fake_agent):
+async def test_keystrokes_count_as_activity_and_an_open_terminal_alone_does_not(
+    running, alice, fake_agent
+):
     long_ago = timezone.now() - timezone.timedelta(hours=3)
     await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
     comm = await browser(_term_path(running, str(uuid.uuid4())), alice)
     await comm.connect()
     await comm.receive_json_from(timeout=5)  # ready
+    assert not await active_since(running, long_ago, timeout=1.5)
+    await comm.send_json_to({"type": "input", "data": "ls\r"})
+    await frame_of(fake_agent, protocol.TERM_INPUT)
     assert await active_since(running, long_ago)
+    await comm.disconnect()
+
+
+async def test_an_open_log_stream_is_not_activity(running, alice, fake_agent):
+    long_ago = timezone.now() - timezone.timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await browser(f"/ws/sessions/{running.pk}/kernels/main1/logs/", alice)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=5))["type"] == "state"
+    assert not await active_since(running, long_ago, timeout=1.5)
     await comm.disconnect()
 
 

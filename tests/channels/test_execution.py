@@ -232,12 +232,45 @@ async def test_the_runs_list_shows_a_sessions_runs_newest_first_to_its_owner_and
         "user",
         "status",
         "exit_code",
+        "error",
+        "outcome",
         "started_at",
         "finished_at",
     }
     assert (await call("GET", _path(running, "runs"), await token_of(admin)))[0] == 200
     status, body = await call("GET", _path(running, "runs"), await token_of(bob))
     assert (status, body["message"]) == (404, "No such session.")
+
+
+async def test_the_history_says_how_each_run_ended(running, alice, fake_agent):
+    """A run that raised, one interrupted, one that exited 3, one past its timeout:
+    each row says so (it used to say "finished" for all but the last)."""
+    token = await token_of(alice)
+    endings = [
+        ({"exit_code": 0}, "finished"),
+        ({"exit_code": 1, "error": "ZeroDivisionError"}, "error: ZeroDivisionError"),
+        ({"exit_code": 1, "error": "KeyboardInterrupt"}, "interrupted"),
+        ({"exit_code": 3}, "exit status 3"),
+        ({"status": "exec-timeout", "exit_code": None}, "timed out"),
+    ]
+    for n, (fields, _) in enumerate(endings):
+        request = execute(running, token, {"mode": "query", "code": "x", "run_id": f"r{n}"})
+        await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC), **fields)
+        status, body = await request
+        assert status == 200 and body.get("error") == fields.get("error"), body
+    await runs_when(running, lambda rows: len(rows) == len(endings))
+    status, body = await call("GET", _path(running, "runs"), token)
+    assert status == 200
+    assert [(r["run_id"], r["outcome"]) for r in reversed(body)] == [
+        (f"r{n}", words) for n, (_, words) in enumerate(endings)
+    ]
+    assert [r["error"] for r in reversed(body)] == [
+        "",
+        "ZeroDivisionError",
+        "KeyboardInterrupt",
+        "",
+        "",
+    ]
 
 
 # --- REST: who may, and in which sessions --------------------------------------
@@ -352,6 +385,35 @@ async def test_every_request_of_the_owner_counts_as_activity(running, alice, fak
     assert await active_since(running, long_ago)
 
 
+async def test_a_409_counts_as_activity_once_its_answer_is_out_with_nothing_logged(
+    running, alice, fake_agent, monkeypatch, caplog
+):
+    """The activity of a refused run is written after its request ended. The write
+    used to inherit the request's context, and with it (in SQLite's thread-sensitive
+    mode, the embedded default) the request thread's executor, gone by then:
+    ``RuntimeError: CurrentThreadExecutor already quit``, and the activity was lost."""
+    from channels.db import database_sync_to_async
+
+    from sessions_app import loop
+
+    monkeypatch.setattr(loop, "db", lambda func: database_sync_to_async(func))  # as SQLite
+    token = await token_of(alice)
+    request = execute(running, token, {"mode": "query", "code": "1"})
+    await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC))
+    assert (await request)[0] == 200
+    long_ago = timezone.now() - timedelta(hours=3)
+    # The first request's activity is written; the next one waits for the flush gap.
+    await asyncio.sleep(0.3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    request = execute(running, token, {"mode": "query", "code": "2"})
+    reason = "another run (r1) is still going in this session; continue or interrupt it first"
+    await answer(fake_agent, await frame_of(fake_agent, protocol.EXEC), run_id="", reason=reason)
+    assert (await request)[0] == 409
+    assert await active_since(running, long_ago, timeout=loop.TOUCH_FLUSH_GAP + 2)
+    failed = [r for r in caplog.records if r.name == "sessions_app.loop" or r.exc_info]
+    assert not failed, [r.getMessage() for r in failed]
+
+
 async def test_code_runs_in_interactive_sessions_only(alice, image, agent, fake_agent):
     def batch_session():
         session = services.session_create(
@@ -411,6 +473,13 @@ BAD_BODIES = [
         "5 is past the end of the code (2 characters)",
     ),
     ({"mode": "query", "code": "\ud800"}, "code", "lone surrogate"),
+    # Python cannot compile it (ipykernel 6 used to hang on it, run after run refused).
+    ({"mode": "query", "code": "x = 1\nprint('a\u0000b')"}, "code", "NUL character (line 2)"),
+    (
+        {"mode": "batch", "options": {"exec": "echo a\u0000b"}},
+        "options.exec",
+        "NUL character (line 1), which shell commands cannot hold",
+    ),
 ]
 
 
@@ -577,9 +646,20 @@ def _path_ws(session) -> str:
     return f"/ws/sessions/{session.pk}/execute/"
 
 
-async def open_runs(session, user):
+async def open_runs(session, user, *, activity: bool = False):
+    """The console's socket; its ``{"type": "activity"}`` notices (the owner's
+    activity was written) are left out unless ``activity``."""
     comm = await browser(_path_ws(session), user)
     assert (await comm.connect())[0]
+    if not activity:
+        receive = comm.receive_json_from
+
+        async def receive_json_from(timeout: float = 1):
+            while (message := await receive(timeout=timeout)) == {"type": "activity"}:
+                pass
+            return message
+
+        comm.receive_json_from = receive_json_from
     return comm
 
 
@@ -655,13 +735,73 @@ async def test_input_interrupt_and_completion_travel_over_the_websocket(running,
     await comm.disconnect()
 
 
+async def test_an_open_console_is_not_activity_and_a_run_is_and_the_page_is_told(
+    running, alice, fake_agent
+):
+    long_ago = timezone.now() - timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await open_runs(running, alice, activity=True)
+    assert not await active_since(running, long_ago, timeout=1.5)
+    await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
+    command = await frame_of(fake_agent, protocol.EXEC)
+    # Once written, the page hears of it (it re-reads the session's times).
+    assert await comm.receive_json_from(timeout=5) == {"type": "activity"}
+    assert await active_since(running, long_ago, timeout=0.1)
+    await answer(fake_agent, command)
+    assert (await comm.receive_json_from(timeout=5))["type"] == "result"
+    await comm.disconnect()
+
+
+async def test_a_console_opened_again_shows_the_run_waiting_for_input_and_can_end_it(
+    running, alice, fake_agent
+):
+    """A page reloaded while its run waited in input() used to know nothing of it:
+    no answer box, Interrupt disabled, and every run refused."""
+    comm = await open_runs(running, alice)
+    await comm.send_json_to({"type": "attach"})
+    attach = await frame_of(fake_agent, protocol.EXEC)
+    assert (attach["mode"], attach["run_id"], attach["stream"]) == ("continue", None, True)
+    await answer(fake_agent, attach, run_id="r5", status="waiting-input", exit_code=None)
+    assert await comm.receive_json_from(timeout=5) == {"type": "pending", "run_id": "r5"}
+    result = await comm.receive_json_from(timeout=5)
+    assert (result["type"], result["run_id"], result["status"]) == ("result", "r5", "waiting-input")
+    await comm.send_json_to({"type": "interrupt", "run_id": "r5"})
+    command = await frame_of(fake_agent, protocol.EXEC)
+    assert (command["mode"], command["run_id"]) == ("interrupt", "r5")
+    await answer(fake_agent, command, run_id="r5", exit_code=1, error="KeyboardInterrupt")
+    result = await comm.receive_json_from(timeout=5)
+    assert (result["status"], result["exit_code"], result["error"]) == (
+        "finished",
+        1,
+        "KeyboardInterrupt",
+    )
+    await comm.disconnect()
+
+
+async def test_attaching_with_no_run_going_shows_nothing_and_is_not_activity(
+    running, alice, fake_agent
+):
+    long_ago = timezone.now() - timedelta(hours=3)
+    await sync_to_async(Session.objects.filter(pk=running.pk).update)(last_activity_at=long_ago)
+    comm = await open_runs(running, alice, activity=True)
+    await comm.send_json_to({"type": "attach"})
+    attach = await frame_of(fake_agent, protocol.EXEC)
+    await answer(fake_agent, attach, run_id="", reason="no run is going in this session")
+    assert await comm.receive_nothing(timeout=0.5)  # the attach's refusal is not shown
+    assert not await active_since(running, long_ago, timeout=1.2)
+    await comm.disconnect()
+
+
 async def test_the_websocket_says_why_it_refuses_a_request_and_stays_open(
     running, alice, fake_agent
 ):
     comm = await open_runs(running, alice)
     cases = [
         ({"type": "run", "mode": "continue"}, "run: mode must be query or batch"),
-        ({"type": "dance"}, "unknown message; send run, input, interrupt, complete or ping"),
+        (
+            {"type": "dance"},
+            "unknown message; send run, input, interrupt, complete, attach or ping",
+        ),
         ({"type": "input", "code": "x"}, "run_id: is required to give a run its input"),
         ({"type": "run", "mode": "query", "shell": "sh"}, "run: unknown field shell"),
         ({"type": "run", "mode": "query", "code": 1}, "code: must be a string"),
@@ -713,9 +853,10 @@ async def test_an_agent_cannot_stream_into_another_agents_request(
 ):
     other = await sync_to_async(make_agent)("agent-2")
     intruder = await registered_agent(other.plain_token)
-    comm = await open_runs(running, alice)
+    comm = await open_runs(running, alice, activity=True)
     await comm.send_json_to({"type": "run", "mode": "query", "code": "1"})
     command = await frame_of(fake_agent, protocol.EXEC)
+    assert await comm.receive_json_from(timeout=5) == {"type": "activity"}
     forged = {
         "type": protocol.EXEC_RECORDS,
         "req_id": command["req_id"],

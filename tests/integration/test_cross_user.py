@@ -245,6 +245,15 @@ def test_an_admin_reading_a_session_does_not_count_as_its_owners_activity(api, a
     assert Session.objects.get(pk=bobs.pk).last_activity_at == before
 
 
+def test_reading_a_session_is_not_even_its_owners_activity(api, bob, world):
+    """An open page (it reads the session, its runs, its logs) is not activity."""
+    bobs = world.sessions["bob"]
+    before = Session.objects.get(pk=bobs.pk).last_activity_at
+    for path in ("", "runs/", "kernels/main1/logs/"):
+        assert api(bob).get(f"/api/v1/sessions/{bobs.pk}/{path}").status_code == 200
+    assert Session.objects.get(pk=bobs.pk).last_activity_at == before
+
+
 def test_an_admin_ends_any_session_and_the_reason_names_them(api, admin, world):
     bobs = world.sessions["bob"]
     response = api(admin).post(f"/api/v1/sessions/{bobs.pk}/terminate/")

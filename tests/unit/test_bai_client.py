@@ -61,6 +61,8 @@ class FakeManager:
             return _session(RUNNING_ID, "new", "PENDING", status_reason="waiting")
         if (method, path) == ("GET", f"sessions/{RUNNING_ID}/"):
             return _session(RUNNING_ID, "new", self.comes_up_as, status_reason=self.reason)
+        if (method, path) == ("GET", f"sessions/{RUNNING_ID}/runs/"):
+            return [RUN_RAISED]
         if (method, path) == ("POST", f"sessions/{RUNNING_ID}/terminate/"):
             return _session(RUNNING_ID, "new", "TERMINATING")
         raise AssertionError(f"unexpected {method} {path}")
@@ -79,6 +81,28 @@ def manager(monkeypatch, tmp_path):
 
 def bai(*args, input=None):
     return CliRunner().invoke(main, list(args), input=input)
+
+
+RUN_RAISED = {
+    "run_id": "9f2c4e1a0b3d5c7e",
+    "mode": "query",
+    "user": "alice",
+    "status": "finished",
+    "exit_code": 1,
+    "error": "ZeroDivisionError",
+    "outcome": "error: ZeroDivisionError",
+    "started_at": "2026-11-27T17:00:00Z",
+    "finished_at": "2026-11-27T17:00:01Z",
+}
+
+
+def test_sessions_runs_lists_how_each_run_ended(manager):
+    result = bai("sessions", "runs", RUNNING_ID)
+    assert result.exit_code == 0, result.output
+    header, row = result.output.splitlines()
+    assert header.split() == ["STARTED", "BY", "MODE", "RUN", "ENDED", "EXIT"]
+    assert "9f2c4e1a0b3d5c7e  error: ZeroDivisionError  1" in row
+    assert json.loads(bai("sessions", "runs", RUNNING_ID, "--json").output) == [RUN_RAISED]
 
 
 def _created_body(manager):
@@ -399,3 +423,41 @@ def test_bai_app_prints_the_link_that_logs_into_jupyter_with_its_token(manager, 
     assert forwarded == [("127.0.0.1", 0, "ws://x/j", "t0k")]
     echo = bai("app", RUNNING_ID, "echo", "--bind", "127.0.0.1:7001")
     assert "Forwarding 127.0.0.1:43210 -> echo" in echo.stdout and "Open" not in echo.stdout
+
+
+def test_waiting_for_a_batch_session_waits_for_its_result_not_a_moment_of_running(monkeypatch):
+    monkeypatch.setattr(launch, "WAIT_INTERVAL", 0)
+    seen = iter(
+        [
+            _session(RUNNING_ID, "job", "RUNNING", type="batch"),
+            _session(
+                RUNNING_ID,
+                "job",
+                "TERMINATED",
+                type="batch",
+                result="FAILED",
+                exit_code=3,
+                status_reason="the start command exited with status 3",
+            ),
+        ]
+    )
+
+    class Seen:
+        def call(self, method, path):
+            return next(seen)
+
+    said: list[str] = []
+    created = _session(RUNNING_ID, "job", "PENDING", type="batch")
+    ended = launch.wait_until_running(Seen(), created, said.append)
+    assert ended["status"] == "TERMINATED"
+    assert said == [
+        "job: RUNNING",
+        "job: TERMINATED (the start command exited with status 3)",
+    ]
+    assert launch.failure(ended) == (
+        "session job ended TERMINATED: the start command exited with status 3"
+    )
+    # An interactive session is up once it runs.
+    running = _session(RUNNING_ID, "lab", "RUNNING")
+    assert launch.wait_until_running(Seen(), running, said.append) is running
+    assert launch.failure(running) is None

@@ -250,8 +250,8 @@ def ws_run(ws, code: str) -> tuple[int, dict]:  # noqa: ANN001
             size += sum(len(r["data"]) for r in message["records"])
         elif message["type"] == "result":
             return size, message
-        elif message["type"] == "history":
-            continue  # earlier runs' rows are written
+        elif message["type"] in ("history", "activity"):
+            continue  # earlier runs' rows, or the session's activity, are written
         else:
             raise SystemExit(f"the websocket answered {message}")
 

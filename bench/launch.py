@@ -265,6 +265,7 @@ def main() -> None:
     subprocess.run(
         ["su", "postgres", "-c", f"dropdb --if-exists {db_name}; createdb -O bai {db_name}"],
         check=True,
+        cwd="/",  # postgres may not enter the caller's (private) directory
     )
 
     client = docker.from_env()

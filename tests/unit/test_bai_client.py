@@ -423,3 +423,21 @@ def test_bai_app_prints_the_link_that_logs_into_jupyter_with_its_token(manager, 
     assert forwarded == [("127.0.0.1", 0, "ws://x/j", "t0k")]
     echo = bai("app", RUNNING_ID, "echo", "--bind", "127.0.0.1:7001")
     assert "Forwarding 127.0.0.1:43210 -> echo" in echo.stdout and "Open" not in echo.stdout
+
+
+def test_the_cli_module_run_directly_is_the_cli_and_not_silent():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for module in ("bai_client", "bai_client.cli"):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("Usage: bai "), (module, done.stdout)

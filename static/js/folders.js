@@ -220,6 +220,8 @@ $("sftp-open").addEventListener("click", async () => {
   say(`Starting an SFTP session on ${ids.length} folder(s)…`);
   starting.add(session.id);
   watchSftp(session.id);
+  // The new session mounts the folders: their "Mounted by" names it from now on.
+  load().catch((err) => fail(err.message));
 });
 
 function fact(label, value, key = label.toLowerCase()) {

@@ -81,6 +81,9 @@ def test_an_sftp_session_says_when_it_serves_shows_its_host_key_and_ends_without
         "id => document.querySelector(`.sftp-session[data-id='${id}'] h3 a`).textContent",
         session_id,
     )
+    # The folder's row names the SFTP session that mounts it, without a reload.
+    mounted_by = page.locator('#folders-body tr[data-name="inbox"] a[href^="/sessions/"]')
+    assert mounted_by.inner_text() == name
     assert (
         page.inner_text("#status")
         == f"SFTP session {name} is ready: connect as shown under “SFTP sessions”."

@@ -659,3 +659,7 @@ def serve_delete(endpoint: tuple[str, ...]) -> None:
     for ref in endpoint:
         _api(lambda ref=ref: client.call("DELETE", f"endpoints/{_endpoint_id(client, ref)}/"))
         click.echo(f"{ref}: deleted")
+
+
+if __name__ == "__main__":  # python -m bai_client.cli, as python -m bai_client
+    main(prog_name="bai")

@@ -220,6 +220,8 @@ $("sftp-open").addEventListener("click", async () => {
   say(`Starting an SFTP session on ${ids.length} folder(s)…`);
   starting.add(session.id);
   watchSftp(session.id);
+  // The new session mounts the folders: their "Mounted by" names it from now on.
+  load().catch((err) => fail(err.message));
 });
 
 function fact(label, value, key = label.toLowerCase()) {
@@ -240,6 +242,8 @@ function copyButton(text) {
 function sftpPanel(id, info, session) {
   const status = info.status || (session && session.status) || "PENDING";
   const ended = isEnded(status);
+  // TERMINATING has no port either, but it is ending, not starting.
+  const ending = status === "TERMINATING";
   const body = [];
   if (info.port) {
     body.push(
@@ -264,6 +268,8 @@ function sftpPanel(id, info, session) {
         info.host_key_fingerprint ? " The first time you connect, your client shows the server's host key: go on only if it is the one above." : "",
       ),
     );
+  } else if (ending) {
+    body.push(el("p.muted", { "data-role": "ending" }, "Ending the SFTP session…"));
   } else if (!ended) {
     body.push(el("p.muted", { "data-role": "starting" }, "Starting the SFTP server…"));
   }
@@ -279,7 +285,7 @@ function sftpPanel(id, info, session) {
         "div.page-actions",
         {},
         info.port ? el("a.btn.btn-sm", { href: `/api/v1/sessions/${id}/sftp/key/`, download: `sftp-${id.slice(0, 8)}.key`, "data-action": "key" }, "Download key") : null,
-        ended ? null : el("button.btn.btn-sm.btn-danger", { type: "button", "data-action": "terminate", onclick: () => terminate(id) }, "Terminate"),
+        ended || ending ? null : el("button.btn.btn-sm.btn-danger", { type: "button", "data-action": "terminate", onclick: () => terminate(id) }, "Terminate"),
       ),
     ),
     ...body,

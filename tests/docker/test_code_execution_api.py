@@ -133,8 +133,13 @@ def test_a_run_is_interrupted_and_a_waiting_one_takes_its_input(session, live_sy
     assert "hi alice\n" in text_of(answers)
     assert answers[-1]["exit_code"] == 0
 
-    status, runs = _api(live_system, token, "GET", f"/api/v1/sessions/{session_id}/runs/")
-    assert status == 200
+    def settled() -> list[dict]:
+        # A run that ended is written right after its answer went out.
+        status, runs = _api(live_system, token, "GET", f"/api/v1/sessions/{session_id}/runs/")
+        assert status == 200
+        return runs if all(r["status"] != "running" for r in runs) else []
+
+    runs = wait_for(settled, timeout=10, what="the runs' rows as they ended")
     assert [(r["status"], r["exit_code"]) for r in runs] == [
         ("finished", 0),
         ("finished", 1),

@@ -36,6 +36,8 @@ def _orm(call, *args, **kwargs):
 
 
 def _open_data(page, live_server_url: str) -> None:
+    if page.is_visible("#nav-menu-toggle"):  # a phone: the links are behind Menu
+        page.click("#nav-menu-toggle")
     page.click("nav.topnav >> text=Data")
     page.wait_for_url(f"{live_server_url}/folders/")
     page.wait_for_function("() => window.foldersReady === true")

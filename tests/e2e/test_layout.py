@@ -189,6 +189,30 @@ def test_the_navigation_opens_as_a_menu_on_a_phone(users, live_server_url, login
     assert page.js_errors == []
 
 
+def test_no_page_pushes_a_phone_screen_sideways(sessions, users, live_server_url, login, shot):
+    """At 390 px the session page (its kernels table), the terminal's bar, the profile
+    (its tokens table) and a folder's page (New directory, Upload files) stay within the
+    screen: a wide table scrolls in its own box, and nothing in it (a screen-reader
+    label) widens the page."""
+    from sessions_app import services, tokens
+
+    _orm(tokens.token_create, user=users["alice"])
+    folder = _orm(services.folder_create, owner=users["alice"], name="results")
+    session = sessions["notebook-with-a-long-name"]
+    page = login("alice", viewport=PHONE, screenshot=False)
+    for name, path in (
+        ("session", f"/sessions/{session.pk}/"),
+        ("terminal", f"/sessions/{session.pk}/terminal/"),
+        ("profile", "/profile/"),
+        ("folder", f"/folders/{folder.pk}/"),
+    ):
+        page.goto(f"{live_server_url}{path}")
+        page.wait_for_load_state("networkidle")
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        shot(page, f"{name}-390", full_page=True)
+        assert width <= PHONE["width"], (name, width)
+
+
 def test_the_data_page_names_each_session_that_mounts_a_folder(
     users, images, group, live_server_url, login, shot
 ):

@@ -177,3 +177,22 @@ def test_the_endpoint_page_shows_badges_figures_reasons_rules_and_scaling(
         assert page.js_errors == [] and narrow.js_errors == []
     finally:
         metrics.inflight(endpoint_id, starting, -1)
+
+
+def test_the_endpoints_list_keeps_the_url_readable_on_a_phone(
+    users, images, live_server_url, login, shot
+):
+    """At 390 px the URL column is not squeezed to a few letters a line (a row of a dozen
+    lines): the URL takes at most three lines and the table scrolls in its own box."""
+    _orm(_deploy, users["alice"], images["bai-kernel/minimal:1"])
+    page = login("alice", screenshot=False, viewport={"width": 390, "height": 844})
+    page.goto(f"{live_server_url}/serving/")
+    page.wait_for_function("() => window.servingReady === true")
+    url = page.locator("#endpoints-body .ep-url").first
+    lines = url.evaluate(
+        "e => Math.round(e.getBoundingClientRect().height"
+        " / parseFloat(getComputedStyle(e).lineHeight))"
+    )
+    shot(page, "endpoints-list-390", full_page=True)
+    assert lines <= 3, lines
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390

@@ -81,6 +81,9 @@ def test_an_sftp_session_says_when_it_serves_shows_its_host_key_and_ends_without
         "id => document.querySelector(`.sftp-session[data-id='${id}'] h3 a`).textContent",
         session_id,
     )
+    # The folder's row names the SFTP session that mounts it, without a reload.
+    mounted_by = page.locator('#folders-body tr[data-name="inbox"] a[href^="/sessions/"]')
+    assert mounted_by.inner_text() == name
     assert (
         page.inner_text("#status")
         == f"SFTP session {name} is ready: connect as shown under “SFTP sessions”."
@@ -123,3 +126,29 @@ def test_an_sftp_session_that_could_not_start_is_an_error(inbox, live_server_url
     assert page.inner_text("#error").endswith("could not start: no agent has room for it")
     assert page.is_hidden("#status")
     shot(page, "sftp-could-not-start")
+
+
+def _ending(session_id):
+    """The agent's report while the container stops: TERMINATING, its port gone."""
+    from sessions_app.models import Kernel, Session
+
+    Kernel.objects.filter(session_id=session_id).update(status="TERMINATING")
+    Session.objects.filter(pk=session_id).update(status="TERMINATING")
+
+
+def test_an_ending_sftp_session_says_so_and_offers_no_terminate(
+    inbox, live_server_url, login, shot
+):
+    page = login("alice", screenshot=False, viewport={"width": 1366, "height": 900})
+    panel, session_id = _open_sftp(page, live_server_url)
+    orm(_serves, session_id)
+    panel.locator('[data-fact="port"]').wait_for()
+    panel.locator('[data-action="terminate"]').click()
+    orm(_ending, session_id)
+    page.wait_for_selector(f'.sftp-session[data-id="{session_id}"][data-status="TERMINATING"]')
+    panel = page.locator(f'.sftp-session[data-id="{session_id}"]')
+    assert panel.locator('[data-role="ending"]').inner_text() == "Ending the SFTP session…"
+    assert "Starting" not in panel.inner_text()
+    assert panel.locator('[data-action="terminate"]').count() == 0
+    shot(page, "sftp-ending")
+    assert page.js_errors == []

@@ -461,3 +461,21 @@ def test_waiting_for_a_batch_session_waits_for_its_result_not_a_moment_of_runnin
     running = _session(RUNNING_ID, "lab", "RUNNING")
     assert launch.wait_until_running(Seen(), running, said.append) is running
     assert launch.failure(running) is None
+
+
+def test_the_cli_module_run_directly_is_the_cli_and_not_silent():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for module in ("bai_client", "bai_client.cli"):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("Usage: bai "), (module, done.stdout)

@@ -536,7 +536,7 @@ PrintLastLog no
 UseDNS no
 LogLevel INFO
 # AES-GCM runs on the CPU's AES instructions: OpenSSH's client would pick chacha20-poly1305 or
-# AES-CTR first if offered, at half the speed on the 2-CPU VM (README, SFTP throughput).
+# AES-CTR first if offered, at half the speed on the 2-CPU VM (bench/README.md, SFTP throughput).
 Ciphers {",".join(CIPHERS)}
 Subsystem sftp {SUBSYSTEM}
 ForceCommand exec python3 -W ignore {shlex.quote(here)} session

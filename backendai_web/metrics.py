@@ -51,7 +51,7 @@ class Metric:
     buckets: tuple[float, ...] = ()
 
 
-# Every metric recorded through this module: the README's table lists them.
+# Every metric recorded through this module: docs/operations.md (Metrics) lists them.
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 METRICS: dict[str, Metric] = {
     "bai_scheduler_pass_seconds": Metric(

@@ -172,7 +172,7 @@ def _load_kernel(user: Any, session_id: str, kernel_ref: str) -> Kernel:
 
 class _Toucher:
     """Counts what the owner does through a stream as activity on its session (idle
-    timeout): terminal keystrokes, code runs and their input (README, "Time limits").
+    timeout): terminal keystrokes, code runs and their input (docs/sessions.md, "Time limits").
     An open stream alone is not activity, as an open page is not."""
 
     session_id: str | None = None

@@ -5,7 +5,7 @@ Celery queue) is read from the database and Redis at each scrape, so every
 process answers the same figures and they agree with the database by
 construction. Events counted in other processes (passes, placements, app-proxy
 requests) and the websockets each process holds come from the shared store of
-``backendai_web.metrics``. The README's table lists every metric.
+``backendai_web.metrics``. docs/operations.md (Metrics) lists every metric.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 SFTP_USER = "work"
 # Per SFTP kernel: the server is small, but a large transfer wants its buffers, and a whole
 # CPU: sshd and the SFTP server spend ~2.5 CPU-seconds per GB (AES, the SFTP replies, the
-# kernel's TCP work), so the 0.25 CPU of old held a transfer to ~60 MB/s (README, SFTP).
+# kernel's TCP work), so the 0.25 CPU of old held a transfer to ~60 MB/s (bench/README.md, SFTP).
 SFTP_RESOURCES = {"cpu": "1", "mem": "256m"}
 MAX_SFTP_FOLDERS = 32
 SSH_KEY_NAME_MAX = 64

@@ -50,9 +50,10 @@ FIGURES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def bench_database(django_db_setup, django_db_blocker):
-    """A database of this module's own for the benches (they migrate and fill it)."""
+    """A fresh database for each bench (they migrate and fill it): the agents a bench
+    leaves registered (their processes gone) and its sessions are no other bench's."""
     with django_db_blocker.unblock():
         db = dict(connection.settings_dict)
     name = f"{db['NAME']}_bench"

@@ -147,6 +147,10 @@ class TunnelPool:
         watcher = asyncio.create_task(self._watch(key, tunnel))
         self._idle.setdefault(key, []).append((tunnel, watcher))
 
+    def forget(self) -> None:
+        """Drop every idle tunnel without closing it (their event loop is gone)."""
+        self._idle.clear()
+
     async def _watch(self, key: PoolKey, tunnel: Tunnel) -> None:
         """While idle, a tunnel should hear nothing: any frame or a close retires it."""
         await asyncio.wait({tunnel.watch()}, timeout=self.IDLE_SECONDS)

@@ -326,7 +326,7 @@ def _is_static_elf(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, on_wait: Callable[[], None] = lambda: None) -> Iterator[float]:
+def build_lock(path: Path, on_wait: Callable[[], None] = lambda: None) -> Iterator[float]:
     """Serialise builds of one recipe across processes (an flock on ``path``); yields the
     seconds spent waiting for another process's build (``on_wait`` is called when one holds it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -765,7 +765,7 @@ def _build_debian_image(
     def waiting() -> None:
         progress(f"{name}: another process is building {reference}; waiting for it")
 
-    with _locked(tarball.with_suffix(".lock"), waiting) as waited:
+    with build_lock(tarball.with_suffix(".lock"), waiting) as waited:
         # Another process may have finished the same build while we waited for the lock.
         if not force and _present_with_recipe(client, reference, recipe):
             if waited < LOCK_WAIT_NOTICE:

@@ -99,7 +99,7 @@ def loopback(monkeypatch):
     """Tunnels straight to 127.0.0.1:<the app's port>; the pool emptied after."""
     monkeypatch.setattr(tunnels, "open_tunnel", loopback_tunnel)
     yield
-    tunnels.pool._idle.clear()  # loopback tunnels of this test's loop, gone with it
+    tunnels.pool.forget()  # loopback tunnels of this test's loop, gone with it
     # The ORM ran in sync_to_async's one thread: its connection must not outlive the test.
     SyncToAsync.single_thread_executor.submit(connections.close_all).result()
 

@@ -31,7 +31,7 @@ class FakeEngine:
 
 
 def _other_build(tarball, engine, held: threading.Event, seconds: float):
-    with kernel_images._locked(tarball.with_suffix(".lock")):
+    with kernel_images.build_lock(tarball.with_suffix(".lock")):
         held.set()
         time.sleep(seconds)
         engine.present = True
